@@ -1,0 +1,89 @@
+"""Evaluation text and tokens: which text, the tokenizer, seq_len windows and prompts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from day0.errors import ConfigError, InputError
+
+BUILTIN_TEXT = Path(__file__).resolve().parent.parent / "data" / "eval_text.txt"
+CHECKPOINT_TEXT = "heldout.txt"
+
+
+def checkpoint_dir(source: str | Path) -> Path:
+    path = Path(source)
+    return path if path.is_dir() else path.parent
+
+
+def resolve_text_file(text_file: str | None, source: str | Path) -> Path:
+    """The configured file; else heldout.txt in the checkpoint folder; else the built-in text."""
+    if text_file:
+        path = Path(text_file).expanduser()
+        if not path.is_file():
+            raise ConfigError("evaluation text file not found", file=str(path), field="text_file",
+                              fix="give an existing UTF-8 text file, or unset text_file to use "
+                                  f"{CHECKPOINT_TEXT} in the checkpoint folder or the built-in text")
+        return path
+    candidate = checkpoint_dir(source) / CHECKPOINT_TEXT
+    return candidate if candidate.is_file() else BUILTIN_TEXT
+
+
+def read_text(path: Path) -> str:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not UTF-8 text ({exc.reason})", file=str(path), field="text_file",
+                          fix="give a UTF-8 text file") from None
+    if not text.strip():
+        raise ConfigError("evaluation text is empty", file=str(path), field="text_file",
+                          fix="give a file with a few KB of representative text")
+    return text
+
+
+def load_tokenizer(source: str | Path, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    folder = checkpoint_dir(source)
+    previous = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
+    except Exception as exc:  # transformers raises many types for a missing/bad tokenizer
+        raise InputError(f"cannot load the tokenizer: {type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0] if str(exc) else ''}", file=str(folder),
+                         fix="ship tokenizer.json (or the tokenizer files) with the checkpoint"
+                         ) from None
+    finally:
+        hf_logging.set_verbosity(previous)
+
+
+def tokenize(tokenizer, text: str, vocab_size: int | None = None) -> list[int]:
+    """Token ids of the whole text, no special tokens added (windows are cut from it)."""
+    # verbose=False: the whole text is longer than the context on purpose (it is cut later).
+    ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
+    if vocab_size is not None and ids and max(ids) >= vocab_size:
+        raise InputError(f"tokenizer produces id {max(ids)} >= the model's vocab_size "
+                         f"{vocab_size}", field="vocab_size",
+                         fix="the tokenizer does not belong to this checkpoint")
+    return list(ids)
+
+
+def windows(ids: list[int], seq_len: int, max_windows: int) -> list[list[int]]:
+    """Consecutive non-overlapping windows of seq_len tokens (the last may be shorter only when
+    the whole text is shorter than one window)."""
+    if len(ids) < 2:
+        raise ConfigError("evaluation text tokenizes to fewer than 2 tokens", field="text_file",
+                          fix="give a longer text")
+    if len(ids) < seq_len:
+        return [ids]
+    count = min(max_windows, len(ids) // seq_len)
+    return [ids[i * seq_len:(i + 1) * seq_len] for i in range(count)]
+
+
+def prompts(ids: list[int], count: int, length: int) -> list[tuple[int, list[int]]]:
+    """`count` (start offset, prompt) pairs of `length` tokens spread evenly over the text."""
+    length = max(1, min(length, len(ids)))
+    starts = max(1, len(ids) - length + 1)
+    step = max(1, starts // max(count, 1))
+    return [(s, ids[s:s + length]) for s in range(0, starts, step)][:count]

@@ -1,0 +1,247 @@
+"""Analysis stage: what a checkpoint is and what it needs, from config.json and headers only.
+
+``run(Config(), StageInputs(source=...))`` reads config.json and every safetensors header (never
+tensor data; see day0.checkpoint), builds the model on the meta device with transformers' own
+class, and reports architecture, attention kind, MoE structure, RoPE, parameter counts, weight
+memory per dtype, KV cache per token and at max context, a TP/PP/EP plan for the target's cards,
+and a risk checklist. ``summary_text(result)`` renders it for a terminal.
+
+Parameter counts: with weights, ``params.total`` is the exact sum of the header element counts
+of the tensors transformers' class loads as parameters (extra tensors such as MTP layers are
+reported in ``params.unused``; quantization scales and persistent buffers are left out); without
+weights it is the meta model's parameter count (tied weights once). ``params.active = total -
+routed_expert_params x (1 - k/E)``, routed experts found by name (data/analysis.yaml).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from day0.analysis_model import (DTYPES, Attention, MoE, Params, Rope, attention_facts, cfg,
+                                 cfg_alias, count_params, kv_cache, layer_split, moe_facts,
+                                 rope_facts, weights_bytes)
+from day0.analysis_plan import GIB, Plan, make_plan
+from day0.analysis_risks import Risk, collect_risks
+from day0.checkpoint import Checkpoint, read_checkpoint
+from day0.contract import StageInputs, StageResult
+
+DtypeName = Literal["bfloat16", "float8", "float16", "float32"]
+
+
+class Config(BaseModel):
+    """Settings of the analysis stage."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    batch_size: int = Field(1, ge=1, description=(
+        "Sequences at max context whose KV cache the parallelism plan must hold."))
+    max_context: int | None = Field(None, ge=1, description=(
+        "Context length for the KV cache and plan; default: config.json's max_position_embeddings."))
+    headroom_fraction: float = Field(0.1, ge=0.0, lt=1.0, description=(
+        "Share of each card's memory reserved for activations and workspaces."))
+    weights_dtype: DtypeName = Field("bfloat16", description="dtype the plan places weights in.")
+    kv_dtype: DtypeName = Field("bfloat16", description="dtype the plan places the KV cache in.")
+    check_shapes: bool = Field(True, description=(
+        "Compare every tensor's name and shape with the model transformers builds from config.json."))
+
+
+class Memory(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    weights_bytes: dict[str, int] = Field(description="params.total in each dtype (float8: see note).")
+    stored_bytes: int | None = Field(None, description="Tensor bytes as stored in the checkpoint.")
+    note: str = Field(description="How the figures are computed.")
+
+
+class KVCache(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    bytes_per_token: dict[str, int] = Field(description="KV cache bytes per token, per dtype.")
+    bytes_at_max_context: dict[str, int] = Field(description="One sequence at max_context, per dtype.")
+    max_context: int = Field(description="Tokens per sequence used above.")
+    layers: dict[str, int] = Field(description="Layers: full (grows), windowed (capped), stateful.")
+    formula: str = Field(description="How bytes_per_token is computed.")
+
+
+class CheckpointInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    has_weights: bool = Field(description="Whether safetensors were found.")
+    files: list[str] = Field(description="Files read (config, index, shards).")
+    index_file: str | None = Field(None, description="The shard index, if any.")
+    tensors: int = Field(description="Tensors in the headers.")
+    dtypes: dict[str, int] = Field(description="Tensors per stored dtype.")
+    total_bytes: int = Field(description="Size of the files above.")
+    bytes_read: int = Field(description="Bytes actually read (config, index, headers).")
+    bytes_read_ratio: float | None = Field(None, description="bytes_read / total_bytes.")
+    notes: list[str] = Field(default_factory=list, description="Checkpoint observations.")
+
+
+class Result(StageResult):
+    """The analysis document (`day0 analyze --json`)."""
+
+    source: str = Field(description="Checkpoint folder or config.json analysed.")
+    architecture: str = Field(description="transformers class used (e.g. LlamaForCausalLM).")
+    model_type: str = Field(description="model_type transformers resolved.")
+    config_model_type: str | None = Field(None, description="model_type as written in config.json.")
+    num_layers: int = Field(description="Decoder layers (num_hidden_layers).")
+    hidden_size: int = Field(description="Model width.")
+    vocab_size: int | None = Field(None, description="Vocabulary size.")
+    attention: Attention
+    moe: MoE | None = Field(None, description="null for dense models.")
+    rope: Rope | None = None
+    max_context: int = Field(description="Context length used for KV and plan.")
+    params: Params
+    memory: Memory
+    kv_cache: KVCache
+    plan: Plan
+    risks: list[Risk]
+    checkpoint: CheckpointInfo
+    wall_s: float = Field(description="Seconds the analysis took.")
+
+    def metrics(self) -> dict[str, float | None]:
+        c = self.checkpoint
+        return {
+            "analysis.params_total": float(self.params.total),
+            "analysis.params_active": float(self.params.active),
+            "analysis.weights_gib_bf16": self.memory.weights_bytes["bfloat16"] / GIB,
+            "analysis.kv_bytes_per_token_bf16": float(self.kv_cache.bytes_per_token["bfloat16"]),
+            "analysis.kv_gib_max_context_bf16": self.kv_cache.bytes_at_max_context["bfloat16"] / GIB,
+            "analysis.plan_fits": 1.0 if self.plan.fits else 0.0,
+            "analysis.plan_cards": float(self.plan.tp * self.plan.pp),
+            "analysis.risk_errors": float(sum(r.severity == "error" for r in self.risks)),
+            "analysis.risk_warnings": float(sum(r.severity == "warning" for r in self.risks)),
+            "analysis.bytes_read": float(c.bytes_read),
+            "analysis.bytes_read_ratio": c.bytes_read_ratio if c.has_weights else None,
+        }
+
+
+def run(config: Config, inputs: StageInputs) -> Result:
+    """Analyse inputs.source for inputs.target. Raises InputError/CheckpointError on bad input."""
+    from day0.modeling import build_meta_model, resolve_config
+
+    started = time.monotonic()
+    built: dict = {}
+
+    def meta_model(raw: dict, config_file: str):
+        # built lazily so the checkpoint reader's name/shape check and the counts share one model
+        if "model" not in built:
+            built["resolved"] = resolve_config(raw, trust_remote_code=inputs.trust_remote_code,
+                                               file=config_file)
+            built["model"] = build_meta_model(built["resolved"])
+        return built["model"]
+
+    ckpt = read_checkpoint(inputs.source, model=meta_model, check_config=config.check_shapes,
+                           trust_remote_code=inputs.trust_remote_code)
+    model = meta_model(ckpt.config, ckpt.config_file)
+    resolved, raw = built["resolved"], ckpt.config
+    c = resolved.config
+    tensors = _tensors(ckpt, model)
+    attention = attention_facts(c, raw)
+    moe, _ = moe_facts(c, raw, tensors)
+    unused = ckpt.params("extra") if ckpt.has_weights else 0
+    params = count_params(tensors, moe, "checkpoint" if ckpt.has_weights else "config", unused)
+    memory = Memory(weights_bytes=weights_bytes(tensors),
+                    stored_bytes=(sum(ckpt.tensors[n].nbytes for n, _ in tensors)
+                                  if ckpt.has_weights else None),
+                    note=("params.total x bytes per dtype; float8 keeps embeddings, lm_head, router "
+                          "gates and norms in 2 bytes and leaves out block scales"))
+    max_context = int(config.max_context or cfg_alias(c, raw, "max_context", default=4096))
+    kv = kv_cache(attention, layer_split(c, raw, attention), max_context)
+    layers = int(cfg(c, raw, "num_hidden_layers"))
+    hidden = int(cfg(c, raw, "hidden_size"))
+    target = inputs.target
+    plan = make_plan(weights=memory.weights_bytes[config.weights_dtype],
+                     kv=kv["bytes_at_max_context"][config.kv_dtype] * config.batch_size,
+                     layers=layers, moe_layers=moe.moe_layers if moe else 0, hidden=hidden,
+                     heads=attention.num_heads, kv_heads=attention.num_kv_heads,
+                     mla=attention.kind == "mla", num_experts=moe.num_experts if moe else None,
+                     experts_per_token=moe.experts_per_token if moe else None,
+                     card_memory_gib=target.card_memory_gib, cards=target.cards,
+                     cards_per_domain=target.cards_per_domain,
+                     headroom_fraction=config.headroom_fraction, weights_dtype=config.weights_dtype,
+                     kv_dtype=config.kv_dtype, batch=config.batch_size, context=max_context)
+    risks = collect_risks(c=c, raw=raw, notes=resolved.notes, attention=attention, moe=moe,
+                          rope=rope_facts(c, raw), kv=kv, params=params,
+                          weights_bf16=memory.weights_bytes["bfloat16"], plan=plan, ckpt=ckpt,
+                          param_names=[n for n, _ in tensors])
+    return Result(source=str(inputs.source), architecture=resolved.model_class.__name__,
+                  model_type=str(c.model_type), config_model_type=raw.get("model_type"),
+                  num_layers=layers, hidden_size=hidden, vocab_size=cfg(c, raw, "vocab_size"),
+                  attention=attention, moe=moe, rope=rope_facts(c, raw), max_context=max_context,
+                  params=params, memory=memory, kv_cache=KVCache(**kv), plan=plan, risks=risks,
+                  checkpoint=CheckpointInfo(**ckpt.summary()),
+                  wall_s=round(time.monotonic() - started, 3))
+
+
+def _tensors(ckpt: Checkpoint, model) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of what transformers' class holds: header tensors it loads, else the meta
+    model's parameters (shared/tied parameters once)."""
+    if ckpt.has_weights:
+        return [(n, t.shape) for n, t in sorted(ckpt.tensors.items())
+                if ckpt.roles.get(n, "model") == "model"]
+    return [(n, tuple(p.shape)) for n, p in model.named_parameters()]
+
+
+def _fmt_count(n: int) -> str:
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return str(n)
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit, size in (("TiB", 1024 ** 4), ("GiB", GIB), ("MiB", 1024 ** 2), ("KiB", 1024)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def summary_text(result: Result) -> str:
+    """A short human-readable summary (what `day0 analyze` prints without --json)."""
+    r = result
+    a, p, kv, plan = r.attention, r.params, r.kv_cache, r.plan
+    att = f"{a.kind.upper()} {a.num_heads} heads / {a.num_kv_heads} KV heads, head_dim {a.head_dim}"
+    if a.kind == "mla":
+        att += f", kv_lora_rank {a.kv_lora_rank} + rope {a.qk_rope_head_dim}"
+    lines = [f"{r.architecture} (model_type {r.model_type}"
+             + (f", config says {r.config_model_type}" if r.config_model_type != r.model_type else "")
+             + f"): {r.num_layers} layers, hidden {r.hidden_size}, vocab {r.vocab_size}",
+             f"attention: {att}"]
+    if r.moe:
+        m = r.moe
+        lines.append(f"MoE: {m.num_experts} experts, top-{m.experts_per_token}, "
+                     f"{m.shared_experts} shared, {m.moe_layers} MoE layers")
+    else:
+        lines.append("MoE: none (dense)")
+    if r.rope:
+        lines.append(f"RoPE: theta {r.rope.theta:g}, {r.rope.type}"
+                     + (f" x{r.rope.factor:g} from {r.rope.original_max_positions}" if r.rope.factor else "")
+                     + f"; max context {r.max_context}")
+    lines.append(f"params: {_fmt_count(p.total)} total, {_fmt_count(p.active)} active"
+                 f" (from {p.source}" + (f"; {_fmt_count(p.unused)} unused" if p.unused else "") + ")")
+    w = r.memory.weights_bytes
+    lines.append("weights: " + ", ".join(f"{d} {_fmt_bytes(w[d])}" for d in DTYPES))
+    lines.append(f"KV cache: {kv.bytes_per_token['bfloat16']:,} B/token bf16, "
+                 f"{_fmt_bytes(kv.bytes_at_max_context['bfloat16'])} at {kv.max_context} tokens")
+    lines.append(f"plan ({plan.cards} x {plan.card_memory_gib:g} GiB, {plan.cards_per_domain}/domain): "
+                 + (f"TP={plan.tp} PP={plan.pp}" + (f" EP={plan.ep}" if plan.ep else "")
+                    + (f" DP={plan.dp}" if plan.dp > 1 else "") if plan.fits else "DOES NOT FIT"))
+    lines.append(f"  {plan.rationale}")
+    ck = r.checkpoint
+    if ck.has_weights:
+        lines.append(f"checkpoint: {ck.tensors} tensors in {len(ck.files)} files, "
+                     f"{_fmt_bytes(ck.total_bytes)}; read {_fmt_bytes(ck.bytes_read)}"
+                     f" ({(ck.bytes_read_ratio or 0):.2e} of it)")
+    else:
+        lines.append("checkpoint: config.json only (no weights)")
+    lines.append(f"risks ({len(r.risks)}):")
+    for risk in r.risks:
+        lines.append(f"  [{risk.severity}] {risk.id}: {risk.message}")
+    return "\n".join(lines)
+
+
+__all__ = ["Config", "Result", "run", "summary_text", "Memory", "KVCache", "CheckpointInfo"]

@@ -1,0 +1,107 @@
+"""Stage result cache keyed by (weights digest, target, stage config, code version).
+
+A repeated validation with nothing changed reuses every stage's outcome. Any change to the
+checkpoint's files, the target profile (plugins' source included), the stage config, the upstream
+results or day0's own code or data gives a new key. Only successful outcomes are stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from day0.stage import StageOutcome, StageSpec
+
+PACKAGE = Path(__file__).parent
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("DAY0_CACHE_DIR") or Path.home() / ".cache" / "day0"
+    return Path(root)
+
+
+def _file_digest(path: Path) -> str:
+    """sha256 of a file, memoised on disk by (path, size, mtime) so big shards hash once."""
+    stat = path.stat()
+    memo_key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
+    memo = cache_dir() / "digests" / memo_key
+    if memo.is_file():
+        return memo.read_text()
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            h.update(block)
+    digest = h.hexdigest()
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    memo.write_text(digest)
+    return digest
+
+
+def weights_digest(source: str) -> str:
+    """Digest of every file of a checkpoint folder (or of a lone config.json)."""
+    path = Path(source)
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    h = hashlib.sha256()
+    for f in files:
+        rel = f.relative_to(path) if path.is_dir() else f.name
+        h.update(f"{rel}:{_file_digest(f)}\n".encode())
+    return h.hexdigest()
+
+
+@lru_cache(maxsize=1)
+def code_version() -> str:
+    """Digest of day0's source and data files: editing the engine invalidates cached results."""
+    h = hashlib.sha256()
+    for f in sorted(PACKAGE.rglob("*")):
+        if f.suffix in {".py", ".yaml", ".txt"} and "__pycache__" not in f.parts:
+            h.update(f"{f.relative_to(PACKAGE)}:".encode() + f.read_bytes())
+    return h.hexdigest()
+
+
+def _plugin_sources(plugins: list[str]) -> list[str]:
+    """Content digests of file plugins (module plugins are keyed by name and version of day0)."""
+    out = []
+    for spec in plugins:
+        p = Path(spec)
+        out.append(_file_digest(p) if p.is_file() else spec)
+    return out
+
+
+def stage_key(spec: StageSpec) -> str:
+    inputs = spec.inputs
+    material = {
+        "stage": spec.stage,
+        "config": spec.config,
+        "weights": weights_digest(inputs.source) if Path(inputs.source).exists() else inputs.source,
+        "target": inputs.target.model_dump(mode="json"),
+        "plugins": _plugin_sources(inputs.target.plugins),
+        "reference": inputs.reference.model_dump(mode="json"),
+        "upstream": inputs.upstream,
+        "trust_remote_code": inputs.trust_remote_code,
+        "code": code_version(),
+    }
+    return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def load(key: str) -> StageOutcome | None:
+    path = cache_dir() / "stages" / f"{key}.json"
+    if not path.is_file():
+        return None
+    try:
+        outcome = StageOutcome.model_validate_json(path.read_text())
+    except ValueError:  # a damaged entry is a miss, never an error
+        return None
+    return outcome.model_copy(update={"cached": True})
+
+
+def store(key: str, outcome: StageOutcome) -> None:
+    if not outcome.ok:
+        return
+    path = cache_dir() / "stages" / f"{key}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(outcome.model_dump_json())
+    os.replace(tmp, path)

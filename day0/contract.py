@@ -1,0 +1,41 @@
+"""The stage contract: every stage is ``run(config, inputs) -> Result`` over pydantic models.
+
+A stage module (day0.analysis, day0.scan, day0.alignment) exposes:
+
+* ``Config``  - pydantic, ``extra="forbid"``: the stage's own settings;
+* ``Result``  - pydantic, subclass of :class:`StageResult`: JSON-serialisable evidence;
+* ``run(config: Config, inputs: StageInputs) -> Result``: pure core, no Prefect inside.
+
+``Result.metrics()`` returns the flat ``{metric_name: value}`` that gates read; the names it may
+produce are declared in ``day0/data/metrics/<stage>.yaml`` and a test checks they agree.
+The runner (day0.stage) executes a stage in a subprocess: spec JSON in, result JSON out.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from day0.targets import REFERENCE, Target
+
+
+class StageInputs(BaseModel):
+    """What every stage receives besides its own Config."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: str = Field(description="Checkpoint folder or config.json path.")
+    target: Target = Field(description="The target profile under test.")
+    reference: Target = Field(REFERENCE, description="The reference, normally cpu/float32.")
+    upstream: dict[str, dict] = Field(default_factory=dict, description=(
+        "Results of earlier stages of the same run, by stage name, as JSON."))
+    trust_remote_code: bool = Field(False, description="Allow the model's own code (auto_map).")
+
+
+class StageResult(BaseModel):
+    """Base of every stage Result."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    def metrics(self) -> dict[str, float | None]:
+        """Flat metric name -> value; None when the stage could not compute it."""
+        raise NotImplementedError

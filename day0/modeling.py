@@ -1,0 +1,153 @@
+"""Build transformers models from a config.json: on the meta device (no memory) or with weights.
+
+Uses transformers' own model classes. An unknown ``model_type`` falls back to ``architectures``
+(e.g. Kimi-K2 ships ``model_type: kimi_k2`` with ``DeepseekV3ForCausalLM``); remote code from
+``auto_map`` only runs when the caller passes ``trust_remote_code=True``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from day0.errors import InputError
+
+
+@dataclass
+class ResolvedConfig:
+    """A transformers config plus how it was found (notes feed the analysis risk list)."""
+
+    config: Any
+    model_class: type
+    notes: list[str] = field(default_factory=list)
+
+
+def config_path(source: str | Path) -> Path:
+    """config.json of a checkpoint folder, or the file itself."""
+    path = Path(source)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise InputError("no config.json found", file=str(path),
+                         fix="pass a checkpoint folder containing config.json, or a config.json file")
+    return path
+
+
+def read_config_dict(source: str | Path) -> dict:
+    path = config_path(source)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"not valid JSON ({exc})", file=str(path),
+                         fix="restore config.json from the model's release") from None
+    if not isinstance(data, dict):
+        raise InputError("config.json must hold a JSON object", file=str(path),
+                         fix="restore config.json from the model's release")
+    return data
+
+
+def resolve_config(data: dict, *, trust_remote_code: bool = False, file: str = "config.json"
+                   ) -> ResolvedConfig:
+    """transformers config + causal-LM class for a config dict, with the fallbacks noted."""
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    notes: list[str] = []
+    data = dict(data)
+    model_type = data.get("model_type")
+    architectures = data.get("architectures") or []
+    known_type = model_type in CONFIG_MAPPING
+    if not known_type:
+        fallback = next((_type_for_architecture(a, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+                         for a in architectures
+                         if a in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()), None)
+        if fallback is None:
+            if trust_remote_code and data.get("auto_map"):
+                return _remote_config(data, file, notes)
+            raise InputError(
+                f"model_type '{model_type}' is unknown to transformers {transformers.__version__} "
+                f"and architectures {architectures} name no class it has", file=file,
+                field="model_type",
+                fix="upgrade transformers, or allow the model's remote code (--trust-remote-code)")
+        notes.append(f"model_type '{model_type}' unknown to transformers; using '{fallback}' "
+                     f"from architectures {architectures}"
+                     + (" (auto_map remote code ignored: trust_remote_code is off)"
+                        if data.get("auto_map") else ""))
+        model_type = fallback
+    elif data.get("auto_map"):
+        notes.append("config has auto_map (remote code); transformers' built-in "
+                     f"'{model_type}' class is used instead")
+    config_cls = CONFIG_MAPPING[model_type]
+    data["model_type"] = model_type
+    try:
+        config = config_cls.from_dict({k: v for k, v in data.items() if k != "auto_map"})
+    except Exception as exc:  # transformers validates fields in many ways
+        raise InputError(f"transformers rejects this config: {exc}", file=file,
+                         fix="correct the named field") from None
+    class_name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    if class_name is None:
+        raise InputError(f"'{model_type}' has no causal-LM class in transformers", file=file,
+                         field="model_type", fix="day0 validates causal language models only")
+    return ResolvedConfig(config, getattr(transformers, class_name), notes)
+
+
+def _type_for_architecture(arch: str, mapping) -> str:
+    """The model_type whose causal-LM class is arch; several types can share one class
+    (e.g. DeepseekV3ForCausalLM), so prefer the type whose name matches the class name."""
+    types = [mt for mt, cls in mapping.items() if cls == arch]
+    squashed = arch.lower().replace("forcausallm", "")
+    return next((mt for mt in types if mt.replace("_", "") == squashed), types[0])
+
+
+def _remote_config(data: dict, file: str, notes: list[str]) -> ResolvedConfig:
+    raise InputError("remote-code models need their code files next to config.json",
+                     file=file, field="auto_map", fix="run on the checkpoint folder")
+
+
+@contextlib.contextmanager
+def quiet_transformers():
+    from transformers.utils import logging as hf_logging
+
+    previous = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(previous)
+
+
+def build_meta_model(resolved: ResolvedConfig, dtype=None):
+    """The model at full configured size with every parameter on the meta device."""
+    import torch
+
+    with quiet_transformers(), torch.device("meta"):
+        model = resolved.model_class._from_config(resolved.config, dtype=dtype or torch.bfloat16)
+    return model.eval()
+
+
+def load_pretrained(source: str | Path, *, device: str = "cpu", dtype: str = "float32",
+                    trust_remote_code: bool = False):
+    """Load a local HF checkpoint with transformers' own class, on device in dtype."""
+    import torch
+
+    resolved = resolve_config(read_config_dict(source), trust_remote_code=trust_remote_code,
+                              file=str(config_path(source)))
+    with quiet_transformers():
+        model = resolved.model_class.from_pretrained(
+            str(source), config=resolved.config, dtype=getattr(torch, dtype),
+            trust_remote_code=trust_remote_code)
+    return model.to(device).eval()
+
+
+def decoder_layers(model) -> list:
+    """The list of decoder blocks of a causal LM (model.model.layers for HF decoders)."""
+    base = getattr(model, "model", model)
+    layers = getattr(base, "layers", None)
+    if layers is None:
+        raise InputError(f"{type(model).__name__} has no .model.layers",
+                         fix="day0 supports decoder-only models with a layers list")
+    return list(layers)

@@ -1,0 +1,151 @@
+"""The validation report: report.json (machine) and report.md (people), from stage outcomes."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from day0 import __version__
+from day0.gates import GateResult
+from day0.stage import StageOutcome
+from day0.targets import Target
+
+EXIT_CODES = {"PASS": 0, "FAIL": 1, "ERROR": 3}
+
+
+class StageSummary(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    ok: bool
+    cached: bool
+    seconds: float
+    failure: str | None = None
+    error: str | None = None
+
+
+class Report(BaseModel):
+    """report.json: the verdict and all evidence behind it."""
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
+
+    verdict: str = Field(description="PASS, FAIL or ERROR.")
+    source: str
+    model: dict = Field(default_factory=dict, description="architecture, model_type, params.")
+    target: Target
+    reference: Target
+    gates: list[GateResult]
+    stages: dict[str, StageSummary]
+    metrics: dict[str, float | None]
+    alignment: dict = Field(default_factory=dict, description="first_divergent_layer and tables.")
+    scan: dict = Field(default_factory=dict, description="coverage, uncovered and long-tail ops.")
+    errors: list[str] = Field(default_factory=list, description="Failed stages, one line each.")
+    created_at: str
+    day0_version: str = __version__
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.verdict]
+
+
+def build(*, source: str, target: Target, reference: Target, outcomes: dict[str, StageOutcome],
+          gate_results: list[GateResult], verdict: str) -> Report:
+    metrics: dict[str, float | None] = {}
+    for outcome in outcomes.values():
+        metrics.update(outcome.metrics)
+    analysis = (outcomes.get("analysis") or StageOutcome(stage="analysis", ok=False)).result or {}
+    alignment = (outcomes.get("alignment") or StageOutcome(stage="alignment", ok=False)).result or {}
+    scan = (outcomes.get("scan") or StageOutcome(stage="scan", ok=False)).result or {}
+    return Report(
+        verdict=verdict, source=source, target=target, reference=reference, gates=gate_results,
+        model={k: analysis.get(k) for k in ("architecture", "model_type", "attention", "moe", "params")},
+        stages={name: StageSummary(ok=o.ok, cached=o.cached, seconds=round(o.seconds, 3),
+                                   failure=o.failure, error=o.error) for name, o in outcomes.items()},
+        metrics=metrics,
+        alignment={"first_divergent_layer": alignment.get("first_divergent_layer"),
+                   "layers": alignment.get("layers", [])},
+        scan={k: scan.get(k) for k in ("coverage", "uncovered", "long_tail") if k in scan},
+        errors=[f"stage {name}: {o.error}" for name, o in outcomes.items() if not o.ok],
+        created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    )
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value}" if not math.isfinite(value) else f"{value:.6g}"
+    return str(value)
+
+
+def gate_rows(report: Report) -> list[dict]:
+    return [{"gate": g.id, "metric": g.metric, "observed": _fmt(g.observed),
+             "threshold": f"{g.op} {g.threshold:g}",
+             "result": ("n/a" if not g.applicable else "PASS" if g.passed else
+                        ("FAIL" if g.severity == "error" else "WARN")),
+             "reason": g.reason} for g in report.gates]
+
+
+def layer_rows(report: Report) -> list[dict]:
+    return [{k: _fmt(v) for k, v in row.items()} for row in report.alignment.get("layers", [])]
+
+
+def _table(rows: list[dict]) -> str:
+    if not rows:
+        return "_none_\n"
+    head = list(rows[0])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(str(r[h]).replace("|", "\\|") for h in head) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def to_markdown(report: Report) -> str:
+    model = report.model or {}
+    params = model.get("params") or {}
+    parts = [
+        f"# day0 validation: {report.verdict}\n",
+        f"- model: `{report.source}` ({model.get('architecture') or '?'}, "
+        f"{_fmt(params.get('total'))} params, {_fmt(params.get('active'))} active)",
+        f"- target: **{report.target.label}** vs reference {report.reference.device}/{report.reference.dtype}",
+        f"- first divergent layer: {_fmt(report.alignment.get('first_divergent_layer'))}",
+        f"- created: {report.created_at}, day0 {report.day0_version}\n",
+    ]
+    if report.errors:
+        parts += ["## Errors\n"] + [f"- {e}" for e in report.errors] + [""]
+    parts += ["## Gates\n", _table(gate_rows(report))]
+    parts += ["## Stages\n", _table([{"stage": n, "ok": s.ok, "cached": s.cached,
+                                       "seconds": s.seconds, "error": s.error or ""}
+                                      for n, s in report.stages.items()])]
+    if report.alignment.get("layers"):
+        parts += ["## Per-layer relative error\n", _table(layer_rows(report))]
+    if report.scan:
+        parts += ["## Operator coverage\n",
+                  f"- coverage: {_fmt(report.scan.get('coverage'))}",
+                  f"- uncovered: {', '.join(map(str, report.scan.get('uncovered') or [])) or 'none'}",
+                  f"- long-tail: {', '.join(map(str, report.scan.get('long_tail') or [])) or 'none'}\n"]
+    return "\n".join(parts)
+
+
+def verdict_table(report: Report) -> str:
+    """Plain-text table for the terminal."""
+    rows = gate_rows(report)
+    widths = {k: max(len(k), *(len(str(r[k])) for r in rows)) for k in ("gate", "observed", "threshold", "result")}
+    lines = [f"{'gate':<{widths['gate']}}  {'observed':>{widths['observed']}}  "
+             f"{'threshold':<{widths['threshold']}}  result"]
+    for r in rows:
+        lines.append(f"{r['gate']:<{widths['gate']}}  {r['observed']:>{widths['observed']}}  "
+                     f"{r['threshold']:<{widths['threshold']}}  {r['result']}")
+    for err in report.errors:
+        lines.append(f"ERROR {err}")
+    lines.append(f"verdict: {report.verdict}  ({report.target.label}, {report.source})")
+    return "\n".join(lines)
+
+
+def write(report: Report, out: str | Path) -> tuple[Path, Path]:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out / "report.json", out / "report.md"
+    json_path.write_text(report.model_dump_json(indent=2))
+    md_path.write_text(to_markdown(report))
+    return json_path, md_path

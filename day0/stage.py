@@ -1,0 +1,197 @@
+"""Run one stage isolated in a subprocess: spec JSON in, result JSON out, exit status.
+
+``python -m day0.stage SPEC.json RESULT.json`` is the contract inside any process or image that
+has Python, torch and day0. The parent (``run_stage``) enforces the target's timeout and memory
+limit, streams the child's log lines, and turns a crash, timeout or OOM kill into a failed
+``StageOutcome`` with its reason instead of taking the caller (the Prefect flow) down with it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Callable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from day0.contract import StageInputs
+from day0.errors import Day0Error, InputError, StageError
+
+STAGES = {"analysis": "day0.analysis", "scan": "day0.scan", "alignment": "day0.alignment"}
+FailureKind = Literal["input", "config", "error", "crash", "timeout", "oom"]
+
+
+class StageSpec(BaseModel):
+    """Everything a stage process needs; written to SPEC.json."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stage: str = Field(description=f"Stage name: one of {sorted(STAGES)}.")
+    config: dict = Field(default_factory=dict, description="The stage's own Config, as JSON.")
+    inputs: StageInputs = Field(description="Source, target, reference, upstream results.")
+
+
+class StageOutcome(BaseModel):
+    """What the runner reports for one stage, success or not."""
+
+    # NaN/Inf are evidence: keep them as "NaN"/"Infinity" in JSON instead of null
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
+
+    stage: str
+    ok: bool
+    result: dict | None = Field(None, description="The stage Result as JSON when ok.")
+    metrics: dict[str, float | None] = Field(default_factory=dict)
+    failure: FailureKind | None = None
+    error: str | None = Field(None, description="One-line reason when not ok.")
+    exit_code: int | None = None
+    seconds: float = 0.0
+    cached: bool = False
+    log_tail: list[str] = Field(default_factory=list)
+
+
+def stage_module(name: str):
+    if name not in STAGES:
+        raise InputError(f"unknown stage '{name}'", field="stage",
+                         fix=f"use one of {', '.join(sorted(STAGES))}")
+    return importlib.import_module(STAGES[name])
+
+
+def execute(spec: StageSpec) -> StageOutcome:
+    """Run a stage in this process (the child side of the contract)."""
+    from day0.yamlio import load_model
+
+    started = time.monotonic()
+    try:
+        module = stage_module(spec.stage)
+        config = load_model(module.Config, spec.config, f"{spec.stage} stage config")
+        result = module.run(config, spec.inputs)
+        return StageOutcome(stage=spec.stage, ok=True, result=result.model_dump(mode="json"),
+                            metrics=result.metrics(), seconds=time.monotonic() - started)
+    except Day0Error as exc:
+        kind = "input" if isinstance(exc, InputError) or exc.exit_code == 2 else "error"
+        if type(exc).__name__ == "ConfigError":
+            kind = "config"
+        return StageOutcome(stage=spec.stage, ok=False, failure=kind, error=str(exc),
+                            exit_code=exc.exit_code, seconds=time.monotonic() - started)
+    except MemoryError:
+        return StageOutcome(stage=spec.stage, ok=False, failure="oom",
+                            error="ran out of memory (MemoryError)", seconds=time.monotonic() - started)
+    except Exception as exc:  # the stage's own bug or the target's failure: keep the traceback
+        traceback.print_exc()
+        return StageOutcome(stage=spec.stage, ok=False, failure="error",
+                            error=f"{type(exc).__name__}: {exc}".splitlines()[0][:500],
+                            seconds=time.monotonic() - started)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2:
+        print("usage: python -m day0.stage SPEC.json RESULT.json", file=sys.stderr)
+        return 2
+    spec = StageSpec.model_validate_json(Path(argv[0]).read_text())
+    outcome = execute(spec)
+    tmp = Path(argv[1]).with_suffix(".tmp")
+    tmp.write_text(outcome.model_dump_json())
+    os.replace(tmp, argv[1])  # atomic: a half-written result never looks like a result
+    return 0 if outcome.ok else (outcome.exit_code or 1)
+
+
+def _rss_bytes(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def run_stage(spec: StageSpec, *, timeout_s: float, memory_limit_gib: float | None = None,
+              log: Callable[[str], None] | None = None, env: dict | None = None) -> StageOutcome:
+    """Run spec in a child process and always return an outcome (never raise for the stage)."""
+    log = log or (lambda line: None)
+    tail: list[str] = []
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix=f"day0-{spec.stage}-") as tmp:
+        spec_file, result_file = Path(tmp) / "spec.json", Path(tmp) / "result.json"
+        spec_file.write_text(spec.model_dump_json())
+        child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        proc = subprocess.Popen([sys.executable, "-m", "day0.stage", str(spec_file), str(result_file)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=child_env, start_new_session=True)
+
+        def pump():
+            for line in proc.stdout:
+                line = line.rstrip()
+                tail.append(line)
+                del tail[:-40]
+                log(line)
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        killed_for = None
+        limit = memory_limit_gib * 2**30 if memory_limit_gib else None
+        while proc.poll() is None:
+            if time.monotonic() - started > timeout_s:
+                killed_for = "timeout"
+            elif limit and _rss_bytes(proc.pid) > limit:
+                killed_for = "oom"
+            if killed_for:
+                _kill_group(proc)
+                break
+            time.sleep(0.1)
+        proc.wait()
+        reader.join(timeout=5)
+        seconds = time.monotonic() - started
+        if killed_for == "timeout":
+            return _failed(spec, "timeout", f"stage '{spec.stage}' exceeded its timeout of "
+                           f"{timeout_s:g} s and was killed", proc.returncode, seconds, tail)
+        if killed_for == "oom":
+            return _failed(spec, "oom", f"stage '{spec.stage}' exceeded its memory limit of "
+                           f"{memory_limit_gib:g} GiB and was killed", proc.returncode, seconds, tail)
+        if result_file.is_file():
+            outcome = StageOutcome.model_validate_json(result_file.read_text())
+            return outcome.model_copy(update={"seconds": seconds, "log_tail": tail[-20:]})
+        return _failed(spec, *_describe_exit(spec.stage, proc.returncode), proc.returncode,
+                       seconds, tail)
+
+
+def _describe_exit(stage: str, code: int) -> tuple[str, str]:
+    if code is not None and code < 0:
+        name = signal.Signals(-code).name
+        if -code == signal.SIGKILL:
+            return "crash", (f"stage '{stage}' was killed by SIGKILL without a result "
+                             "(the kernel's OOM killer sends SIGKILL: check memory)")
+        return "crash", f"stage '{stage}' was killed by {name} without a result"
+    return "crash", f"stage '{stage}' crashed (exit code {code}) without a result"
+
+
+def _failed(spec, kind, message, code, seconds, tail) -> StageOutcome:
+    return StageOutcome(stage=spec.stage, ok=False, failure=kind, error=message, exit_code=code,
+                        seconds=seconds, log_tail=tail[-20:])
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def raise_for_outcome(outcome: StageOutcome) -> None:
+    """For callers that want an exception: StageError for a failed stage."""
+    if not outcome.ok:
+        raise StageError(outcome.error or "failed", field=outcome.stage)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""Target profiles: a device + dtype + software stack that a model is validated on.
+
+Built-in targets live in ``day0/data/targets.yaml``; a user's ``targets.yaml`` (top level or
+``deploy/``) adds or overrides them; ``--target-file`` reads one target from any file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from day0.errors import ConfigError, Problem, did_you_mean
+from day0.yamlio import load_model, read_mapping
+
+DATA = Path(__file__).parent / "data"
+KNOWN_DEVICES = ("cpu", "cuda", "xpu", "mps", "npu", "hpu", "mlu", "musa", "meta")
+SEARCH_PATHS = ("targets.yaml", "deploy/targets.yaml")
+
+
+class Target(BaseModel):
+    """One device + dtype + plugins combination to validate against the reference."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="Unique name, used as --target NAME.")
+    device: str = Field(description="torch device type: cpu, cuda, xpu, mps, npu, ...")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        description="dtype the target runs the model in.")
+    plugins: list[str] = Field(default_factory=list, description=(
+        "Python module names or .py file paths exposing apply(model) -> None; run on the target "
+        "side after weights load, before any check (ported kernels, patches, fault injection)."))
+    runner: Literal["process"] = Field("process", description="How stages are isolated.")
+    timeout_s: float = Field(1800.0, gt=0, description="Wall-clock limit per stage, seconds.")
+    memory_limit_gib: float | None = Field(
+        None, gt=0, description="Resident-memory limit per stage process; exceeded = stage fails.")
+    op_manifest: str | None = Field(None, description=(
+        "YAML file listing the aten ops the backend supports; used instead of probing the device."))
+    card_memory_gib: float = Field(80.0, gt=0, description="Memory of one accelerator card, GiB.")
+    cards: int = Field(8, ge=1, description="Cards available for the parallelism plan.")
+    cards_per_domain: int = Field(8, ge=1, description=(
+        "Cards sharing the fastest interconnect (e.g. one NVLink node)."))
+    description: str = Field("", description="Free text shown in reports.")
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str) -> str:
+        base = value.split(":")[0]
+        if base not in KNOWN_DEVICES:
+            raise ValueError(f"unknown device '{value}';{did_you_mean(base, KNOWN_DEVICES)} "
+                             f"known: {', '.join(KNOWN_DEVICES)}")
+        return value
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({self.device}/{self.dtype})"
+
+
+REFERENCE = Target(name="reference", device="cpu", dtype="float32",
+                   description="cpu/float32 reference")
+
+
+class TargetsFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    targets: list[Target] = Field(description="Target profiles.")
+
+
+def _read_targets(path: Path) -> dict[str, Target]:
+    data = read_mapping(path)
+    parsed = load_model(TargetsFile, data, str(path))
+    names = [t.name for t in parsed.targets]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"duplicate target names {dupes}", file=str(path), field="targets",
+                          fix="give each target a unique name")
+    return {t.name: t for t in parsed.targets}
+
+
+def available_targets(root: Path | None = None) -> dict[str, Target]:
+    """Built-in targets, overridden by a targets.yaml found under root (default: cwd)."""
+    targets = _read_targets(DATA / "targets.yaml")
+    root = root or Path.cwd()
+    for rel in SEARCH_PATHS:
+        if (root / rel).is_file():
+            targets.update(_read_targets(root / rel))
+    return targets
+
+
+def resolve_target(name: str | None = None, file: str | None = None) -> Target:
+    """--target NAME or --target-file FILE (one target, bare or under 'targets:')."""
+    if file:
+        data = read_mapping(file)
+        if isinstance(data, dict) and "targets" in data:
+            found = _read_targets(Path(file))
+            if len(found) != 1:
+                raise ConfigError(f"holds {len(found)} targets, expected one", file=file,
+                                  field="targets", fix="keep one target or use --target NAME")
+            return next(iter(found.values()))
+        return load_model(Target, data, file)
+    targets = available_targets()
+    name = name or "cpu-bf16"
+    if name not in targets:
+        raise ConfigError(f"unknown target '{name}'", field="--target",
+                          fix=(did_you_mean(name, targets).strip() or
+                               f"choose one of {', '.join(sorted(targets))}"))
+    return targets[name]
+
+
+__all__ = ["Target", "REFERENCE", "available_targets", "resolve_target", "Problem"]

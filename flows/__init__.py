@@ -1,0 +1,1 @@
+"""Prefect flows wiring day0's stages."""

@@ -1,0 +1,53 @@
+"""The `validate` flow: analysis -> (scan || alignment) -> gates -> report.
+
+Run it: ``day0 validate SOURCE --target cpu-bf16`` or, against a server,
+``prefect deployment run 'validate/...' -p source=... -p target=cpu-bf16``.
+"""
+
+from __future__ import annotations
+
+from prefect import flow, get_run_logger
+
+from day0 import gates as gating
+from day0 import report as reporting
+from day0.contract import StageInputs
+from day0.targets import REFERENCE, resolve_target
+from tasks.stages import publish_report_task, run_stage_task
+
+STAGE_ORDER = ("analysis", "scan", "alignment")
+
+
+@flow(name="validate", flow_run_name="validate {target}: {source}")
+def validate(source: str, target: str = "cpu-bf16", target_file: str | None = None,
+             gates: str | None = None, out: str | None = None,
+             stage_configs: dict[str, dict] | None = None, use_cache: bool = True,
+             trust_remote_code: bool = False) -> dict:
+    """Validate the checkpoint at `source` on `target`; returns report.json as a dict."""
+    logger = get_run_logger()
+    target_profile = resolve_target(target, target_file)
+    gate_file = gating.load_gates(gates)  # config errors stop the run before any stage
+    configs = stage_configs or {}
+    inputs = StageInputs(source=source, target=target_profile, reference=REFERENCE,
+                         trust_remote_code=trust_remote_code)
+
+    outcomes = {"analysis": run_stage_task("analysis", configs.get("analysis", {}), inputs, use_cache)}
+    if outcomes["analysis"].ok:
+        downstream = inputs.model_copy(update={"upstream": {"analysis": outcomes["analysis"].result}})
+        futures = {name: run_stage_task.submit(name, configs.get(name, {}), downstream, use_cache)
+                   for name in ("scan", "alignment")}
+        outcomes.update({name: future.result() for name, future in futures.items()})
+
+    failed = {name: o.error or "failed" for name, o in outcomes.items() if not o.ok}
+    missing = {name: f"stage {name} failed: {failed[name]}" for name in failed}
+    missing.update({name: "not run: analysis failed" for name in STAGE_ORDER if name not in outcomes})
+    metrics = {k: v for o in outcomes.values() for k, v in o.metrics.items()}
+    analysis = outcomes["analysis"].result or {}
+    results = gating.evaluate(gate_file, metrics, is_moe=bool(analysis.get("moe")),
+                              missing_reasons=missing)
+    verdict = gating.verdict(results, failed)
+    report = reporting.build(source=source, target=target_profile, reference=REFERENCE,
+                             outcomes=outcomes, gate_results=results, verdict=verdict)
+    report_json = report.model_dump(mode="json")
+    publish_report_task(report_json, out)
+    logger.info("verdict %s for %s on %s", verdict, source, target_profile.label)
+    return report_json

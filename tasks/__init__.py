@@ -1,0 +1,1 @@
+"""Thin Prefect tasks over the day0 engine."""

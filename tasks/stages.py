@@ -1,0 +1,52 @@
+"""One Prefect task runs one isolated stage through the day0 stage runner, with caching."""
+
+from __future__ import annotations
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from day0 import cache
+from day0.contract import StageInputs
+from day0.stage import StageOutcome, StageSpec, run_stage
+
+
+@task(name="stage", task_run_name="{stage}", cache_policy=NO_CACHE)
+def run_stage_task(stage: str, config: dict, inputs: StageInputs, use_cache: bool = True
+                   ) -> StageOutcome:
+    """Run `stage` in a subprocess; a crash becomes a failed outcome, never a crashed flow."""
+    logger = get_run_logger()
+    spec = StageSpec(stage=stage, config=config, inputs=inputs)
+    key = cache.stage_key(spec)
+    if use_cache and (hit := cache.load(key)) is not None:
+        logger.info("stage %s: cache hit %s (weights, target, config and code unchanged)",
+                    stage, key[:12])
+        return hit
+    outcome = run_stage(spec, timeout_s=inputs.target.timeout_s,
+                        memory_limit_gib=inputs.target.memory_limit_gib,
+                        log=lambda line: logger.info("[%s] %s", stage, line))
+    if outcome.ok:
+        cache.store(key, outcome)
+        logger.info("stage %s finished in %.1f s", stage, outcome.seconds)
+    else:
+        logger.error("stage %s failed (%s): %s", stage, outcome.failure, outcome.error)
+    return outcome
+
+
+@task(name="publish-report", cache_policy=NO_CACHE)
+def publish_report_task(report_json: dict, out: str | None) -> None:
+    """Report as Prefect artifacts (markdown, gate and layer tables) and, with out, as files."""
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+    from day0 import report as reporting
+
+    report = reporting.Report.model_validate(report_json)
+    create_markdown_artifact(key="day0-report", markdown=reporting.to_markdown(report),
+                             description=f"day0 {report.verdict}: {report.target.label}")
+    create_table_artifact(key="day0-gates", table=reporting.gate_rows(report),
+                          description="Release gates: observed vs threshold")
+    if report.alignment.get("layers"):
+        create_table_artifact(key="day0-layers", table=reporting.layer_rows(report),
+                              description="Per-layer relative error, target vs reference")
+    if out:
+        json_path, md_path = reporting.write(report, out)
+        get_run_logger().info("report written to %s and %s", json_path, md_path)

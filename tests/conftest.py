@@ -1,0 +1,46 @@
+"""Shared fixtures: one Prefect test harness per session, an isolated day0 cache, fixture paths."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures"
+MODELS = FIXTURES / "models"
+HELDOUT = FIXTURES / "text" / "heldout.txt"
+PLUGINS = ROOT / "tests" / "plugins"
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def day0_cache(tmp_path_factory) -> Path:
+    """Every test session starts with an empty stage cache (tests stay independent of ~/.cache)."""
+    path = tmp_path_factory.mktemp("day0-cache")
+    os.environ["DAY0_CACHE_DIR"] = str(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def prefect_server():
+    """One real Prefect server for the whole session; yields its API URL for subprocesses."""
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield PREFECT_API_URL.value()
+
+
+@pytest.fixture(scope="session")
+def llama_dir() -> Path:
+    return MODELS / "tiny-llama"
+
+
+@pytest.fixture(scope="session")
+def moe_dir() -> Path:
+    return MODELS / "tiny-qwen3moe"

@@ -1,0 +1,176 @@
+"""The `day0` CLI: help, exit codes, and malformed inputs that must never yield a traceback or PASS."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from tests.conftest import FIXTURES, HELDOUT, MODELS
+
+LLAMA = MODELS / "tiny-llama"
+
+
+def day0(*args, env=None, timeout=600):
+    proc = subprocess.run([sys.executable, "-m", "day0.cli", *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return proc
+
+
+def first_shard(folder):
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    return folder / sorted(set(index["weight_map"].values()))[0]
+
+
+@pytest.fixture
+def ckpt(tmp_path):
+    dest = tmp_path / "ckpt"
+    shutil.copytree(LLAMA, dest)
+    return dest
+
+
+@pytest.mark.parametrize("command", ["analyze", "scan", "validate", "targets", "metrics", "gates"])
+def test_help(command):
+    proc = day0(command, "--help")
+    assert proc.returncode == 0 and "usage: day0" in proc.stdout
+
+
+def test_analyze_json_document():
+    proc = day0("analyze", LLAMA, "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    for key in ("architecture", "model_type", "attention", "moe", "params", "memory", "kv_cache", "plan", "risks"):
+        assert key in doc
+    assert doc["attention"]["kind"] == "gqa" and doc["moe"] is None
+
+
+def test_targets_and_metrics_list():
+    assert "cpu-bf16" in day0("targets").stdout
+    assert "alignment.logits.kl_mean" in day0("metrics").stdout
+    assert day0("gates").returncode == 0
+
+
+def _rewrite_header(path, mutate):
+    data = path.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    mutate(header)
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + n:])
+
+
+def truncate_shard(ckpt):
+    shard = first_shard(ckpt)
+    shard.write_bytes(shard.read_bytes()[:-1000])
+    return shard.name
+
+
+def offsets_out_of_range(ckpt):
+    shard = first_shard(ckpt)
+
+    def mutate(header):
+        name = next(k for k in header if k != "__metadata__")
+        header[name]["data_offsets"] = [0, 10**12]
+    _rewrite_header(shard, mutate)
+    return shard.name
+
+
+def index_names_missing_shard(ckpt):
+    shard = first_shard(ckpt)
+    shard.unlink()
+    return shard.name
+
+
+def shape_disagrees_with_config(ckpt):
+    config = json.loads((ckpt / "config.json").read_text())
+    config["hidden_size"] *= 2
+    (ckpt / "config.json").write_text(json.dumps(config))
+    return "embed_tokens"  # its [vocab, hidden] shape no longer matches the config
+
+
+def header_not_json(ckpt):
+    shard = first_shard(ckpt)
+    data = shard.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    shard.write_bytes(data[:8] + b"{" * n + data[8 + n:])
+    return shard.name
+
+
+def bad_config_json(ckpt):
+    (ckpt / "config.json").write_text('{"model_type": "llama",')
+    return "config.json"
+
+
+def missing_config(ckpt):
+    (ckpt / "config.json").unlink()
+    return "config.json"
+
+
+def unknown_model_type_without_architectures(ckpt):
+    config = json.loads((ckpt / "config.json").read_text())
+    config["model_type"], config["architectures"] = "nonesuch", ["NoneSuchForCausalLM"]
+    (ckpt / "config.json").write_text(json.dumps(config))
+    return "nonesuch"
+
+
+BROKEN = [truncate_shard, offsets_out_of_range, index_names_missing_shard, shape_disagrees_with_config,
+          header_not_json, bad_config_json, missing_config, unknown_model_type_without_architectures]
+
+
+@pytest.mark.parametrize("breaker", BROKEN, ids=lambda f: f.__name__)
+def test_broken_checkpoint_analyze_exits_2_with_one_line(ckpt, breaker):
+    needle = breaker(ckpt)
+    proc = day0("analyze", ckpt)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    message = proc.stderr.strip()
+    assert message.startswith("day0: error:") and needle in message
+    assert "fix:" in message
+
+
+def test_missing_source_exits_2(tmp_path):
+    proc = day0("analyze", tmp_path / "nowhere")
+    assert proc.returncode == 2 and "nowhere" in proc.stderr
+
+
+def test_unknown_target_name_exits_2_with_suggestion():
+    proc = day0("validate", LLAMA, "--target", "cpu-bf61")
+    assert proc.returncode == 2 and "did you mean 'cpu-bf16'" in proc.stderr
+
+
+def test_target_with_unknown_device_exits_2(tmp_path):
+    target = tmp_path / "target.yaml"
+    target.write_text(yaml.safe_dump({"name": "x", "device": "cdua", "dtype": "bfloat16"}))
+    proc = day0("validate", LLAMA, "--target-file", target)
+    assert proc.returncode == 2
+    assert str(target) in proc.stderr and "device" in proc.stderr and "did you mean 'cuda'" in proc.stderr
+
+
+def test_target_with_unknown_field_exits_2(tmp_path):
+    target = tmp_path / "target.yaml"
+    target.write_text(yaml.safe_dump({"name": "x", "device": "cpu", "dtype": "bfloat16", "plugin": []}))
+    proc = day0("scan", LLAMA, "--target-file", target)
+    assert proc.returncode == 2 and "did you mean 'plugins'" in proc.stderr
+
+
+def test_gates_with_unknown_metric_exits_2(tmp_path):
+    gates = tmp_path / "gates.yaml"
+    gates.write_text(yaml.safe_dump({"gates": [{"id": "a", "metric": "alignment.logits.kl_avg",
+                                                "op": "<=", "threshold": 0.1}]}))
+    proc = day0("validate", LLAMA, "--gates", gates)
+    assert proc.returncode == 2 and "unknown metric" in proc.stderr and str(gates) in proc.stderr
+
+
+def test_unknown_stage_in_config_exits_2(tmp_path):
+    config = tmp_path / "stages.yaml"
+    config.write_text(yaml.safe_dump({"alignmnet": {}}))
+    proc = day0("validate", LLAMA, "--config", config)
+    assert proc.returncode == 2 and "did you mean 'alignment'" in proc.stderr

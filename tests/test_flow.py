@@ -1,0 +1,137 @@
+"""The validate flow end to end on a real Prefect server (session harness) and real fixtures."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from tests.conftest import HELDOUT, MODELS, PLUGINS
+
+pytestmark = pytest.mark.integration
+STAGES = {"alignment": {"text_file": str(HELDOUT)}}
+
+
+def target_file(tmp_path, *plugins, name="cpu-bf16-test", **extra):
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"name": name, "device": "cpu", "dtype": "bfloat16",
+                                    "plugins": [str(PLUGINS / p) for p in plugins], **extra}))
+    return str(path)
+
+
+def run_flow(source, tfile, **kwargs):
+    from flows.validate import validate
+
+    state = validate(source=str(source), target_file=tfile, stage_configs=STAGES,
+                     return_state=True, **kwargs)
+    return state.result(), state.state_details.flow_run_id
+
+
+def failing(report):
+    return {g["id"] for g in report["gates"] if not g["passed"] and g["severity"] == "error"}
+
+
+def artifacts_of(flow_run_id):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+    return {a.key: a for a in found}
+
+
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3moe"])
+def test_noop_plugin_passes_and_publishes_artifacts(prefect_server, tmp_path, model):
+    report, run_id = run_flow(MODELS / model, target_file(tmp_path, "noop.py"), out=str(tmp_path / "out"))
+    assert report["verdict"] == "PASS", failing(report)
+    assert {"day0-report", "day0-gates", "day0-layers"} <= set(artifacts_of(run_id))
+    on_disk = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert on_disk["verdict"] == "PASS" and (tmp_path / "out" / "report.md").is_file()
+    for gate in on_disk["gates"]:
+        assert {"id", "metric", "observed", "threshold", "passed", "severity", "reason"} <= set(gate)
+    assert "first_divergent_layer" in on_disk["alignment"]
+
+
+def test_repeat_reuses_every_stage(prefect_server, tmp_path):
+    tfile = target_file(tmp_path)
+    first, _ = run_flow(MODELS / "tiny-llama", tfile)
+    second, _ = run_flow(MODELS / "tiny-llama", tfile)
+    assert all(s["cached"] for s in second["stages"].values())
+    assert second["metrics"] == first["metrics"] and second["verdict"] == first["verdict"]
+
+
+def test_perturbed_layer_fails_and_is_localized(prefect_server, tmp_path):
+    report, _ = run_flow(MODELS / "tiny-llama", target_file(tmp_path, "perturb_layer.py"))
+    assert report["verdict"] == "FAIL"
+    assert "layers-aligned" in failing(report)
+    assert report["alignment"]["first_divergent_layer"] == 2
+
+
+def test_far_position_corruption_is_caught(prefect_server, tmp_path):
+    report, _ = run_flow(MODELS / "tiny-llama", target_file(tmp_path, "corrupt_far_positions.py"))
+    assert report["verdict"] == "FAIL", report["metrics"]
+    assert failing(report) & {"logits-kl-worst-bucket", "layers-aligned"}
+
+
+def test_flipped_routing_is_caught(prefect_server, tmp_path):
+    report, _ = run_flow(MODELS / "tiny-qwen3moe", target_file(tmp_path, "flip_routing.py"))
+    assert report["verdict"] == "FAIL"
+    assert "expert-selection" in failing(report)
+
+
+def test_nan_target_fails_not_errors(prefect_server, tmp_path):
+    report, _ = run_flow(MODELS / "tiny-llama", target_file(tmp_path, "nan_output.py"))
+    assert report["verdict"] == "FAIL" and "no-nonfinite" in failing(report)
+
+
+def test_crashing_stage_gives_error_verdict(prefect_server, tmp_path):
+    report, _ = run_flow(MODELS / "tiny-llama", target_file(tmp_path, "crash.py"))
+    assert report["verdict"] == "ERROR"
+    assert any("alignment" in e and "SIGKILL" in e for e in report["errors"])
+    assert not report["stages"]["alignment"]["ok"] and report["stages"]["analysis"]["ok"]
+
+
+def _cli(*args, prefect_server):
+    env = {**os.environ, "PREFECT_API_URL": prefect_server}
+    return subprocess.run([sys.executable, "-m", "day0.cli", *map(str, args)], capture_output=True,
+                          text=True, timeout=900, env=env)
+
+
+def test_cli_exit_codes_fail_and_error(prefect_server, tmp_path):
+    proc = _cli("validate", MODELS / "tiny-llama", "--target-file", target_file(tmp_path, "perturb_layer.py"),
+                "--text", HELDOUT, "--out", tmp_path / "o1", prefect_server=prefect_server)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "verdict: FAIL" in proc.stdout and "layers-aligned" in proc.stdout
+    proc = _cli("validate", MODELS / "tiny-llama", "--target-file", target_file(tmp_path, "crash.py"),
+                "--text", HELDOUT, prefect_server=prefect_server)
+    assert proc.returncode == 3 and "verdict: ERROR" in proc.stdout
+
+
+def test_cli_input_error_in_stage_exits_2(prefect_server, tmp_path):
+    proc = _cli("validate", MODELS / "tiny-llama", "--target-file",
+                target_file(tmp_path, "does_not_exist.py"), prefect_server=prefect_server)
+    assert proc.returncode == 2 and "does_not_exist.py" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_nan_in_weights_fails(prefect_server, tmp_path):
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    ckpt = tmp_path / "nan-ckpt"
+    shutil.copytree(MODELS / "tiny-llama", ckpt)
+    index = json.loads((ckpt / "model.safetensors.index.json").read_text())
+    name, shard = next((n, s) for n, s in index["weight_map"].items() if "layers.1.mlp.down_proj" in n)
+    tensors = load_file(ckpt / shard)
+    tensors[name][0, 0] = float("nan")
+    save_file(tensors, ckpt / shard, metadata={"format": "pt"})
+    report, _ = run_flow(ckpt, target_file(tmp_path))
+    assert report["verdict"] == "FAIL"
+    assert "no-nonfinite" in failing(report) or "logits-kl-mean" in failing(report)

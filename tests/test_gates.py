@@ -1,0 +1,105 @@
+import math
+
+import pytest
+import yaml
+
+from day0.errors import ConfigError
+from day0.gates import evaluate, load_gates, metric_catalog, verdict
+
+
+def write(tmp_path, data, name="gates.yaml"):
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def gate(**kw):
+    return {"id": "g", "metric": "alignment.logits.kl_mean", "op": "<=", "threshold": 0.01, **kw}
+
+
+def test_shipped_gates_load_and_name_known_metrics():
+    parsed = load_gates()
+    catalog = metric_catalog()
+    assert parsed.gates and all(g.metric in catalog for g in parsed.gates)
+
+
+def test_unknown_metric_is_config_error_with_did_you_mean(tmp_path):
+    path = write(tmp_path, {"gates": [gate(metric="alignment.logits.kl_maen")]})
+    with pytest.raises(ConfigError) as err:
+        load_gates(path)
+    text = str(err.value)
+    assert "alignment.logits.kl_maen" in text and "did you mean 'alignment.logits.kl_mean'" in text
+    assert str(path) in text and "gates.0.metric" in text
+
+
+def test_every_problem_reported_at_once(tmp_path):
+    path = write(tmp_path, {"gates": [gate(metric="nope.metric"), gate(id="g", op="=<"),
+                                      gate(id="h", thresold=1)]})
+    with pytest.raises(ConfigError) as err:
+        load_gates(path)
+    fields = {p.field for p in err.value.problems}
+    assert {"gates.1.op", "gates.2.thresold"} <= fields
+    assert "did you mean 'threshold'" in str(err.value)
+
+
+def test_semantic_problems_all_reported(tmp_path):
+    path = write(tmp_path, {"gates": [gate(metric="nope.metric"), gate()]})
+    with pytest.raises(ConfigError) as err:
+        load_gates(path)
+    messages = " ".join(p.message for p in err.value.problems)
+    assert "unknown metric" in messages and "duplicate gate id" in messages
+
+
+def test_empty_and_unparsable_files(tmp_path):
+    with pytest.raises(ConfigError, match="no gates"):
+        load_gates(write(tmp_path, {"gates": []}))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("gates: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_gates(bad)
+    with pytest.raises(ConfigError, match="file not found"):
+        load_gates(tmp_path / "missing.yaml")
+
+
+@pytest.fixture
+def gates(tmp_path):
+    return load_gates(write(tmp_path, {"gates": [
+        gate(id="kl"),
+        gate(id="top1", metric="alignment.logits.top1_agreement", op=">=", threshold=0.95),
+        gate(id="moe", metric="alignment.moe.expert_agreement", op=">=", threshold=0.9,
+             applies_to="moe"),
+        gate(id="warn", metric="scan.coverage", op=">=", threshold=1.0, severity="warning"),
+    ]}))
+
+
+def test_pass_and_fail_with_reasons(gates):
+    results = evaluate(gates, {"alignment.logits.kl_mean": 0.001, "alignment.logits.top1_agreement": 0.5,
+                               "scan.coverage": 1.0}, is_moe=False)
+    by_id = {r.id: r for r in results}
+    assert by_id["kl"].passed and "holds" in by_id["kl"].reason
+    assert not by_id["top1"].passed and "violated" in by_id["top1"].reason
+    assert by_id["moe"].passed and not by_id["moe"].applicable
+    assert verdict(results, {}) == "FAIL"
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_nonfinite_never_passes(gates, bad):
+    results = evaluate(gates, {"alignment.logits.kl_mean": bad, "alignment.logits.top1_agreement": bad,
+                               "scan.coverage": 1.0}, is_moe=False)
+    kl, top1 = results[0], results[1]
+    assert not kl.passed and not top1.passed and "not finite" in kl.reason
+    assert verdict(results, {}) == "FAIL"
+
+
+def test_missing_metric_fails_with_stage_reason(gates):
+    results = evaluate(gates, {"scan.coverage": 1.0}, is_moe=True,
+                       missing_reasons={"alignment": "stage alignment failed: boom"})
+    assert all(not r.passed for r in results[:3])
+    assert "stage alignment failed: boom" in results[0].reason
+    assert verdict(results, {"alignment": "boom"}) == "ERROR"
+
+
+def test_warning_does_not_fail_verdict(gates):
+    results = evaluate(gates, {"alignment.logits.kl_mean": 0.0, "alignment.logits.top1_agreement": 1.0,
+                               "alignment.moe.expert_agreement": 1.0, "scan.coverage": 0.5}, is_moe=True)
+    assert not results[3].passed and verdict(results, {}) == "PASS"
