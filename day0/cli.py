@@ -117,7 +117,8 @@ def cmd_validate(args) -> int:
                               fix=did_you_mean(name, STAGES).strip() or f"use {sorted(STAGES)}")
     from flows.validate import validate
 
-    report_json = validate(source=str(Path(args.source).resolve()), target=inputs.target.name if not args.target_file else None,
+    report_json = validate(source=str(Path(args.source).resolve()),
+                           target=None if args.target_file else inputs.target.name,
                            target_file=args.target_file, gates=args.gates,
                            out=str(Path(args.out).resolve()) if args.out else None,
                            stage_configs=configs, use_cache=not args.no_cache,

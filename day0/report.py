@@ -76,6 +76,8 @@ def _fmt(value) -> str:
         return "—"
     if isinstance(value, float):
         return f"{value}" if not math.isfinite(value) else f"{value:.6g}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_fmt(v) if not isinstance(v, float) else f"{v:.3g}" for v in value) + "]"
     return str(value)
 
 

@@ -24,10 +24,12 @@ from typing import Callable, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from day0.contract import StageInputs
-from day0.errors import Day0Error, InputError, StageError
+from day0.errors import ConfigError, Day0Error, InputError, StageError
 
 STAGES = {"analysis": "day0.analysis", "scan": "day0.scan", "alignment": "day0.alignment"}
-FailureKind = Literal["input", "config", "error", "crash", "timeout", "oom"]
+# "target": the stage ran but the target itself failed (e.g. its forward raised): a finding, FAIL.
+# "error", "crash", "timeout", "oom": the stage could not finish: ERROR.
+FailureKind = Literal["input", "config", "target", "error", "crash", "timeout", "oom"]
 
 
 class StageSpec(BaseModel):
@@ -77,9 +79,8 @@ def execute(spec: StageSpec) -> StageOutcome:
         return StageOutcome(stage=spec.stage, ok=True, result=result.model_dump(mode="json"),
                             metrics=result.metrics(), seconds=time.monotonic() - started)
     except Day0Error as exc:
-        kind = "input" if isinstance(exc, InputError) or exc.exit_code == 2 else "error"
-        if type(exc).__name__ == "ConfigError":
-            kind = "config"
+        kind = ("config" if isinstance(exc, ConfigError) else
+                "target" if isinstance(exc, StageError) else "input")
         return StageOutcome(stage=spec.stage, ok=False, failure=kind, error=str(exc),
                             exit_code=exc.exit_code, seconds=time.monotonic() - started)
     except MemoryError:

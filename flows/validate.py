@@ -18,7 +18,7 @@ STAGE_ORDER = ("analysis", "scan", "alignment")
 
 
 @flow(name="validate", flow_run_name="validate {target}: {source}")
-def validate(source: str, target: str = "cpu-bf16", target_file: str | None = None,
+def validate(source: str, target: str | None = "cpu-bf16", target_file: str | None = None,
              gates: str | None = None, out: str | None = None,
              stage_configs: dict[str, dict] | None = None, use_cache: bool = True,
              trust_remote_code: bool = False) -> dict:
@@ -44,7 +44,9 @@ def validate(source: str, target: str = "cpu-bf16", target_file: str | None = No
     analysis = outcomes["analysis"].result or {}
     results = gating.evaluate(gate_file, metrics, is_moe=bool(analysis.get("moe")),
                               missing_reasons=missing)
-    verdict = gating.verdict(results, failed)
+    # a target that raised is a finding (its gates fail: FAIL); a stage that broke is ERROR
+    broken = {name: error for name, error in failed.items() if outcomes[name].failure != "target"}
+    verdict = gating.verdict(results, broken)
     report = reporting.build(source=source, target=target_profile, reference=REFERENCE,
                              outcomes=outcomes, gate_results=results, verdict=verdict)
     report_json = report.model_dump(mode="json")

@@ -135,3 +135,11 @@ def test_nan_in_weights_fails(prefect_server, tmp_path):
     report, _ = run_flow(ckpt, target_file(tmp_path))
     assert report["verdict"] == "FAIL"
     assert "no-nonfinite" in failing(report) or "logits-kl-mean" in failing(report)
+
+
+def test_target_missing_a_kernel_fails_not_errors(prefect_server, tmp_path):
+    report, _ = run_flow(MODELS / "tiny-llama", target_file(tmp_path, "raise_on_op.py"))
+    assert report["verdict"] == "FAIL"
+    assert "op-coverage" in failing(report) and "aten.mm" in " ".join(report["scan"]["uncovered"])
+    assert report["stages"]["alignment"]["failure"] == "target"
+    assert any("NotImplementedError" in e for e in report["errors"])

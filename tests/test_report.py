@@ -1,0 +1,39 @@
+"""report.json keeps NaN as evidence, report.md and the terminal table show every gate."""
+
+import json
+
+from day0.gates import GateResult
+from day0.report import Report, build, to_markdown, verdict_table, write
+from day0.stage import StageOutcome
+from day0.targets import REFERENCE, resolve_target
+
+
+def make_report():
+    outcomes = {
+        "analysis": StageOutcome(stage="analysis", ok=True, result={"architecture": "LlamaForCausalLM", "moe": None}),
+        "alignment": StageOutcome(stage="alignment", ok=True, metrics={"alignment.logits.kl_mean": float("nan")},
+                                  result={"first_divergent_layer": 2, "layers": [{"layer": 0, "rel_error": 0.1}]}),
+        "scan": StageOutcome(stage="scan", ok=False, failure="crash", error="stage 'scan' was killed by SIGKILL"),
+    }
+    gates = [GateResult(id="kl", metric="alignment.logits.kl_mean", op="<=", observed=float("nan"),
+                        threshold=0.01, passed=False, severity="error", reason="observed nan is not finite")]
+    return build(source="/m", target=resolve_target("cpu-bf16"), reference=REFERENCE, outcomes=outcomes,
+                 gate_results=gates, verdict="ERROR")
+
+
+def test_report_json_keeps_nan_and_names_failed_stage(tmp_path):
+    report = make_report()
+    json_path, md_path = write(report, tmp_path)
+    doc = json.loads(json_path.read_text())  # strict JSON: no bare NaN tokens
+    assert doc["verdict"] == "ERROR" and doc["gates"][0]["observed"] == "NaN"
+    assert doc["alignment"]["first_divergent_layer"] == 2
+    assert doc["errors"] == ["stage scan: stage 'scan' was killed by SIGKILL"]
+    assert Report.model_validate(doc).exit_code == 3
+    assert "first divergent layer: 2" in md_path.read_text()
+
+
+def test_terminal_table_lists_gates_errors_and_verdict():
+    text = verdict_table(make_report())
+    assert "kl" in text and "nan" in text and "FAIL" in text
+    assert "ERROR stage scan" in text and text.splitlines()[-1].startswith("verdict: ERROR")
+    assert "| kl |" in to_markdown(make_report())
