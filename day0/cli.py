@@ -52,6 +52,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-cache", action="store_true", help="recompute every stage")
     p.add_argument("--json", action="store_true", help="print report.json instead of the table")
     p.add_argument("--trust-remote-code", action="store_true", help="allow the model's own code (auto_map)")
+    p.add_argument("--deployment", default=None, metavar="NAME",
+                   help="run on a served deployment (e.g. validate/day0) via PREFECT_API_URL and wait")
+
+    p = sub.add_parser("serve", help="serve the validate deployment on the Prefect server (PREFECT_API_URL)",
+                       description="Registers deployment validate/NAME and executes its runs in this process's "
+                                   "subprocesses; re-validate with `prefect deployment run 'validate/NAME' -p source=...`.")
+    p.add_argument("--name", default="day0", help="deployment name (default day0)")
+    p.add_argument("--target", default=None, help="default target parameter of the deployment")
+    p.add_argument("--limit", type=int, default=None, help="most flow runs at once")
 
     sub.add_parser("targets", help="list the available target profiles")
     sub.add_parser("metrics", help="list every metric a gate may name")
@@ -115,14 +124,18 @@ def cmd_validate(args) -> int:
         if name not in STAGES:
             raise ConfigError(f"unknown stage '{name}'", file=args.config, field=name,
                               fix=did_you_mean(name, STAGES).strip() or f"use {sorted(STAGES)}")
-    from flows.validate import validate
+    params = dict(source=_local_or_uri(args.source),
+                  target=None if args.target_file else inputs.target.name,
+                  target_file=args.target_file, gates=args.gates,
+                  out=str(Path(args.out).resolve()) if args.out else None,
+                  stage_configs=configs, use_cache=not args.no_cache,
+                  trust_remote_code=args.trust_remote_code)
+    if args.deployment:
+        report_json = _run_on_deployment(args.deployment, params)
+    else:
+        from flows.validate import validate
 
-    report_json = validate(source=str(Path(args.source).resolve()),
-                           target=None if args.target_file else inputs.target.name,
-                           target_file=args.target_file, gates=args.gates,
-                           out=str(Path(args.out).resolve()) if args.out else None,
-                           stage_configs=configs, use_cache=not args.no_cache,
-                           trust_remote_code=args.trust_remote_code)
+        report_json = validate(**params)
     report = reporting.Report.model_validate(report_json)
     bad_input = [s for s in report.stages.values() if s.failure in ("input", "config")]
     if bad_input:
@@ -130,6 +143,43 @@ def cmd_validate(args) -> int:
         return 2
     print(report.model_dump_json(indent=2) if args.json else reporting.verdict_table(report))
     return report.exit_code
+
+
+def _local_or_uri(source: str) -> str:
+    return source if "://" in source else str(Path(source).resolve())
+
+
+def _run_on_deployment(deployment: str, params: dict) -> dict:
+    """Submit to a served/deployed `validate` and wait; its final state must be Completed."""
+    from prefect.deployments import run_deployment
+
+    from day0.errors import ConfigError, StageError
+
+    if params["target_file"]:
+        raise ConfigError("--target-file is read on this machine only", field="--target-file",
+                          fix="with --deployment, name a target the worker knows (--target NAME)")
+    name = deployment if "/" in deployment else f"validate/{deployment}"
+    flow_run = run_deployment(name=name, parameters={k: v for k, v in params.items() if v is not None},
+                              timeout=None, as_subflow=False)
+    if not flow_run.state or not flow_run.state.is_completed():
+        raise StageError(f"flow run {flow_run.name} ({flow_run.id}) ended "
+                         f"{flow_run.state.name if flow_run.state else 'without a state'}",
+                         field="--deployment", fix="open the run in the Prefect UI for its logs")
+    return flow_run.state.result()
+
+
+def cmd_serve(args) -> int:
+    """Register the `validate` deployment on PREFECT_API_URL and run its flow runs here."""
+    from prefect.deployments.runner import EntrypointType
+
+    from flows.validate import validate
+
+    # module entrypoint: runs resolve `flows.validate` from the installed package, whatever the cwd
+    validate.serve(name=args.name, limit=args.limit, tags=["day0"],
+                   entrypoint_type=EntrypointType.MODULE_PATH,
+                   parameters={"target": args.target} if args.target else None,
+                   description="day0 validation: analysis, operator scan, alignment, gates.")
+    return 0
 
 
 def cmd_targets(args) -> int:
@@ -158,7 +208,7 @@ def cmd_gates(args) -> int:
     return 0
 
 
-COMMANDS = {"analyze": cmd_analyze, "scan": cmd_scan, "validate": cmd_validate,
+COMMANDS = {"analyze": cmd_analyze, "scan": cmd_scan, "validate": cmd_validate, "serve": cmd_serve,
             "targets": cmd_targets, "metrics": cmd_metrics, "gates": cmd_gates}
 
 

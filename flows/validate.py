@@ -17,7 +17,8 @@ from tasks.stages import publish_report_task, run_stage_task
 STAGE_ORDER = ("analysis", "scan", "alignment")
 
 
-@flow(name="validate", flow_run_name="validate {target}: {source}")
+# persisted so `day0 validate --deployment` can read the report of a run executed elsewhere
+@flow(name="validate", flow_run_name="validate {target}: {source}", persist_result=True)
 def validate(source: str, target: str | None = "cpu-bf16", target_file: str | None = None,
              gates: str | None = None, out: str | None = None,
              stage_configs: dict[str, dict] | None = None, use_cache: bool = True,
