@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.day0-installed
 # so pip takes the CPU build instead of the multi-GB CUDA one.
 TORCH_INDEX ?=
 TORCH_ARGS  := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
-FIXTURES    := tiny-llama tiny-qwen3moe
+FIXTURES    := tiny-llama tiny-qwen3moe tiny-deepseekv3
 DEMO_TARGET ?= cpu-bf16
 PYTEST_ARGS ?=
 

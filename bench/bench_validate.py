@@ -37,7 +37,7 @@ def validate(model: str, target: str, cache_dir: str, out: Path) -> tuple[float,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="cpu-bf16")
-    parser.add_argument("--models", nargs="+", default=["tiny-llama", "tiny-qwen3moe"])
+    parser.add_argument("--models", nargs="+", default=["tiny-llama", "tiny-qwen3moe", "tiny-deepseekv3"])
     args = parser.parse_args()
     print(f"{'model':<16} {'run':<5} {'wall_s':>8} {'stages_s':>9} {'cached':>7} verdict")
     with tempfile.TemporaryDirectory() as tmp:

@@ -41,7 +41,12 @@ def _file_digest(path: Path) -> str:
 
 
 def weights_digest(source: str) -> str:
-    """Digest of every file of a checkpoint folder (or of a lone config.json)."""
+    """Digest of every file of a checkpoint folder (or of a lone config.json); for s3:// the
+    objects' names, ETags and sizes from one listing (nothing downloaded)."""
+    if str(source).startswith("s3://"):
+        from day0.sources import weights_digest as s3_digest
+
+        return s3_digest(source)
     path = Path(source)
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     h = hashlib.sha256()
@@ -70,12 +75,23 @@ def _plugin_sources(plugins: list[str]) -> list[str]:
     return out
 
 
+def _weights_key(source: str) -> str:
+    if str(source).startswith("s3://"):
+        from day0.errors import Day0Error
+
+        try:
+            return weights_digest(source)
+        except Day0Error:  # store unreachable now: never reuse a result; the stage reports why
+            return f"unlisted:{os.urandom(16).hex()}"
+    return weights_digest(source) if Path(source).exists() else source
+
+
 def stage_key(spec: StageSpec) -> str:
     inputs = spec.inputs
     material = {
         "stage": spec.stage,
         "config": spec.config,
-        "weights": weights_digest(inputs.source) if Path(inputs.source).exists() else inputs.source,
+        "weights": _weights_key(inputs.source),
         "target": inputs.target.model_dump(mode="json"),
         "plugins": _plugin_sources(inputs.target.plugins),
         "reference": inputs.reference.model_dump(mode="json"),

@@ -6,8 +6,8 @@ gives every tensor's name, dtype, shape and position, so a 1 TB checkpoint is ch
 a few megabytes (``Checkpoint.bytes_read`` counts every byte read).
 
 Files are reached through a tiny :class:`Reader` (``names``/``size``/``read_range``);
-``open_reader(source)`` picks the implementation, so ranged GETs on an object store can plug in
-later without touching the checks.
+``open_reader(source)`` picks the implementation: a local folder, or an s3:// prefix read with
+ranged GETs (day0.storage.S3Reader).
 
 Every problem found is collected and raised together as one :class:`CheckpointError`:
 truncated shards, bad header lengths or offsets, non-JSON headers, index/shard disagreements,
@@ -112,10 +112,14 @@ class CountingReader:
 
 
 def open_reader(source: str | Path) -> Reader:
-    """The Reader for a source: a local folder or config.json (object stores: not yet)."""
-    if str(source).startswith(("s3://", "gs://", "http://", "https://")):
-        raise InputError("remote sources are not supported yet", file=str(source),
-                         fix="download the checkpoint and pass the local folder")
+    """The Reader for a source: a local folder or config.json, or an s3:// prefix."""
+    if str(source).startswith("s3://"):
+        from day0.storage import S3Reader
+
+        return S3Reader(str(source))
+    if str(source).startswith(("gs://", "http://", "https://")):
+        raise InputError("only local paths and s3:// URIs are supported", file=str(source),
+                         fix="copy the checkpoint to an S3-compatible bucket or a local folder")
     return LocalReader(source)
 
 
@@ -225,7 +229,8 @@ def read_checkpoint(source: str | Path | Reader, *, model=None, check_config: bo
             elif callable(model) and not hasattr(model, "state_dict"):
                 model = model(config, config_file)
             match_model(ckpt, model, problems, check_missing=shards_ok)
-    ckpt.bytes_read = reader.bytes_read
+    # an object store reader counts what went over the wire (speculative header reads included)
+    ckpt.bytes_read = getattr(reader.inner, "bytes_fetched", reader.bytes_read)
     if problems:
         raise CheckpointError.from_problems(problems)
     return ckpt

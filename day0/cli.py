@@ -66,14 +66,32 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("metrics", help="list every metric a gate may name")
     p = sub.add_parser("gates", help="check a gates file", description="Validate a gates file and list its gates.")
     p.add_argument("file", nargs="?", default=None, help="gates file (default ./gates.yaml)")
+    _add_hooks_parser(sub)
     return parser
+
+
+def _add_hooks_parser(sub) -> None:
+    p = sub.add_parser("hooks", help="release receiver: webhooks and object-store events -> Prefect runs",
+                       description="Receive release webhooks and object-store events and submit "
+                                   "one validation per (model, revision, target) to Prefect.")
+    hooks = p.add_subparsers(dest="hooks_command", required=True, metavar="SUBCOMMAND")
+    s = hooks.add_parser("serve", help="run the receiver (HTTP) until interrupted",
+                         description="Serve POST /v1/events/s3, /v1/events/seaweedfs, "
+                                     "/v1/webhooks/release and GET /healthz.")
+    s.add_argument("--config", default=None, help="receiver YAML (see day0/data/receiver.yaml)")
+    s.add_argument("--host", default=None, help="listen address (default from config: 127.0.0.1)")
+    s.add_argument("--port", type=int, default=None, help="listen port (default from config: 8787)")
 
 
 def _inputs(args, source: str):
     from day0.contract import StageInputs
     from day0.targets import resolve_target
 
-    if not Path(source).exists():
+    if source.startswith("s3://"):
+        from day0.storage import parse_s3_uri
+
+        parse_s3_uri(source)  # malformed URI: exit 2 here; a missing prefix: the stage says so
+    elif not Path(source).exists():
         raise InputError("no such file or folder", file=source,
                          fix="pass a checkpoint folder or a config.json")
     return StageInputs(source=source, target=resolve_target(args.target, args.target_file),
@@ -208,8 +226,20 @@ def cmd_gates(args) -> int:
     return 0
 
 
+def cmd_hooks(args) -> int:
+    from day0.receiver.settings import load_settings
+
+    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    settings = load_settings(args.config, **overrides)
+    from day0.receiver.app import serve
+
+    serve(settings)
+    return 0
+
+
 COMMANDS = {"analyze": cmd_analyze, "scan": cmd_scan, "validate": cmd_validate, "serve": cmd_serve,
-            "targets": cmd_targets, "metrics": cmd_metrics, "gates": cmd_gates}
+            "targets": cmd_targets, "metrics": cmd_metrics, "gates": cmd_gates,
+            "hooks": cmd_hooks}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,7 +36,21 @@ def config_path(source: str | Path) -> Path:
     return path
 
 
+def config_file(source: str | Path) -> str:
+    """Where config.json is, for messages: a local path or an s3:// URI."""
+    if str(source).startswith("s3://"):
+        from day0.storage import parse_s3_uri
+
+        u = parse_s3_uri(source)
+        return str(u if u.key.endswith(".json") else u.child("config.json"))
+    return str(config_path(source))
+
+
 def read_config_dict(source: str | Path) -> dict:
+    if str(source).startswith("s3://"):
+        from day0.sources import read_config
+
+        return read_config(str(source))[0]
     path = config_path(source)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))

@@ -43,6 +43,8 @@ class Report(BaseModel):
     errors: list[str] = Field(default_factory=list, description="Failed stages, one line each.")
     created_at: str
     day0_version: str = __version__
+    results_uri: str | None = Field(None, description=(
+        "Where report.json, report.md and stages/<stage>.json were published (day0.storage)."))
 
     @property
     def exit_code(self) -> int:
@@ -113,6 +115,8 @@ def to_markdown(report: Report) -> str:
         f"- first divergent layer: {_fmt(report.alignment.get('first_divergent_layer'))}",
         f"- created: {report.created_at}, day0 {report.day0_version}\n",
     ]
+    if report.results_uri:
+        parts.insert(-1, f"- results: `{report.results_uri}`")
     if report.errors:
         parts += ["## Errors\n"] + [f"- {e}" for e in report.errors] + [""]
     parts += ["## Gates\n", _table(gate_rows(report))]

@@ -139,7 +139,7 @@ def common_ops() -> list[str]:
 def run(config: Config, inputs: StageInputs) -> Result:
     import torch
 
-    from day0.modeling import config_path, read_config_dict, resolve_config
+    from day0.modeling import config_file, read_config_dict, resolve_config
     from day0.scan_meta import meta_scan
 
     start = time.perf_counter()
@@ -147,7 +147,7 @@ def run(config: Config, inputs: StageInputs) -> Result:
     manifest = None
     if target.op_manifest:
         manifest = _matcher(read_op_list(target.op_manifest, "op_manifest"))
-    file = str(config_path(inputs.source))
+    file = config_file(inputs.source)
     data = read_config_dict(inputs.source)
     dtype = getattr(torch, target.dtype)
 

@@ -22,8 +22,11 @@ STAGE_ORDER = ("analysis", "scan", "alignment")
 def validate(source: str, target: str | None = "cpu-bf16", target_file: str | None = None,
              gates: str | None = None, out: str | None = None,
              stage_configs: dict[str, dict] | None = None, use_cache: bool = True,
-             trust_remote_code: bool = False) -> dict:
-    """Validate the checkpoint at `source` on `target`; returns report.json as a dict."""
+             trust_remote_code: bool = False, revision: str | None = None) -> dict:
+    """Validate the checkpoint at `source` on `target`; returns report.json as a dict.
+
+    revision names the release in the results path (s3:// sources or DAY0_RESULTS_URI:
+    <base>/<model>/<revision or weights digest>/<target>/, see day0.storage)."""
     logger = get_run_logger()
     target_profile = resolve_target(target, target_file)
     gate_file = gating.load_gates(gates)  # config errors stop the run before any stage
@@ -51,6 +54,6 @@ def validate(source: str, target: str | None = "cpu-bf16", target_file: str | No
     report = reporting.build(source=source, target=target_profile, reference=REFERENCE,
                              outcomes=outcomes, gate_results=results, verdict=verdict)
     report_json = report.model_dump(mode="json")
-    publish_report_task(report_json, out)
+    report_json["results_uri"] = publish_report_task(report_json, out, outcomes, revision)
     logger.info("verdict %s for %s on %s", verdict, source, target_profile.label)
     return report_json

@@ -21,7 +21,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 # Determinism first: thread pools must be configured before torch/tokenizers start them.
@@ -77,7 +77,9 @@ class Spec:
     lr: float
     batch: int = 16
     seed: int = 0
-    router_lr_mult: float = 1.0
+    # Held-out perplexity with negated routers must exceed this multiple of the normal figure.
+    min_router_effect: float = 1.5
+    train_kwargs: dict = field(default_factory=dict)
 
 
 def specs() -> list[Spec]:
@@ -90,21 +92,28 @@ def specs() -> list[Spec]:
         head_dim=32, intermediate_size=256, moe_intermediate_size=64, num_experts=8,
         num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        # The load-balancing loss keeps all experts in use, so routing decisions matter.
-        output_router_logits=True, router_aux_loss_coef=0.01,
+        router_aux_loss_coef=0.01,
     )))
     dsv3 = DeepseekV3Config(**_common(dict(
         hidden_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
         intermediate_size=256, moe_intermediate_size=64, n_routed_experts=8, n_shared_experts=1,
         num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=1,
-        routed_scaling_factor=1.0, norm_topk_prob=True, q_lora_rank=64, kv_lora_rank=32,
+        routed_scaling_factor=2.5, norm_topk_prob=True, q_lora_rank=64, kv_lora_rank=32,
         qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32, num_nextn_predict_layers=0,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, rope_interleave=True,
     )))
     return [
-        Spec("tiny-llama", LlamaForCausalLM, llama, steps=300, lr=3e-3),
-        Spec("tiny-qwen3moe", Qwen3MoeForCausalLM, qwen, steps=300, lr=3e-3),
-        Spec("tiny-deepseekv3", DeepseekV3ForCausalLM, dsv3, steps=250, lr=3e-3),
+        Spec("tiny-llama", LlamaForCausalLM, llama, steps=250, lr=3e-3),
+        # The load-balancing loss (training only; the saved config keeps output_router_logits
+        # false like real releases) keeps all experts in use, so routing decisions matter.
+        # 400 steps, not fewer: with less training, near-tie routing at layer 0 makes ordinary
+        # bf16 rounding flip experts with a large effect, and the alignment tolerances
+        # (day0/data/tolerances.yaml) are calibrated on this fixture being well trained.
+        Spec("tiny-qwen3moe", Qwen3MoeForCausalLM, qwen, steps=400, lr=3e-3,
+             train_kwargs={"output_router_logits": True}),
+        # The shared expert carries much of DeepSeek's MLP, so negated routing costs less
+        # (about 1.25x perplexity here, against about 5x for Qwen3-MoE).
+        Spec("tiny-deepseekv3", DeepseekV3ForCausalLM, dsv3, steps=150, lr=3e-3, min_router_effect=1.1),
     ]
 
 
@@ -175,11 +184,10 @@ def train(spec: Spec, train_ids: torch.Tensor, log_every: int = 50) -> tuple[tor
         kind = "router" if n.endswith("mlp.gate.weight") else "decay" if p.dim() >= 2 else "no_decay"
         groups[kind].append(p)
     opt = torch.optim.AdamW(
-        [{"params": groups["decay"], "weight_decay": 0.1, "lr_mult": 1.0},
-         {"params": groups["no_decay"], "weight_decay": 0.0, "lr_mult": 1.0},
-         # Routers get their own rate: with small init they otherwise barely move and routing
-         # stays close to arbitrary, which would make routing-sensitive checks meaningless.
-         {"params": groups["router"], "weight_decay": 0.0, "lr_mult": spec.router_lr_mult}],
+        [{"params": groups["decay"], "weight_decay": 0.1},
+         {"params": groups["no_decay"], "weight_decay": 0.0},
+         # No decay on routers: it would pull router logits towards ties (arbitrary routing).
+         {"params": groups["router"], "weight_decay": 0.0}],
         lr=spec.lr, betas=(0.9, 0.95), eps=1e-8,
     )
     model.train()
@@ -187,10 +195,10 @@ def train(spec: Spec, train_ids: torch.Tensor, log_every: int = 50) -> tuple[tor
     max_start = len(train_ids) - SEQ_LEN - 1
     for step in range(spec.steps):
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, spec.steps, spec.lr) * group["lr_mult"]
+            group["lr"] = lr_at(step, spec.steps, spec.lr)
         starts = torch.randint(0, max_start, (spec.batch,), generator=gen)
         x = torch.stack([train_ids[s : s + SEQ_LEN] for s in starts.tolist()])
-        out = model(input_ids=x, labels=x)
+        out = model(input_ids=x, labels=x, **spec.train_kwargs)
         opt.zero_grad(set_to_none=True)
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -227,6 +235,12 @@ def save(spec: Spec, model, tok, out: Path, record: dict) -> None:
     )
     model.save_pretrained(out, max_shard_size=MAX_SHARD_SIZE, safe_serialization=True)
     tok.save_pretrained(out)
+    # transformers 5 writes its internal class name; released checkpoints (and transformers 4)
+    # use PreTrainedTokenizerFast, which both major versions load.
+    tc_path = out / "tokenizer_config.json"
+    tc = json.loads(tc_path.read_text())
+    tc["tokenizer_class"] = "PreTrainedTokenizerFast"
+    tc_path.write_text(json.dumps(tc, indent=2, sort_keys=True) + "\n")
     shards = sorted(out.glob("*.safetensors"))
     if len(shards) < 2 or not (out / "model.safetensors.index.json").exists():
         raise SystemExit(f"{out}: expected >= 2 shards plus index, got {[s.name for s in shards]}")
@@ -234,7 +248,7 @@ def save(spec: Spec, model, tok, out: Path, record: dict) -> None:
     (out / "day0-fixture.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
 
 
-def build_one(spec: Spec, tok, train_ids, heldout_ids, out_root: Path) -> dict:
+def build_one(spec: Spec, tok, train_ids, heldout_ids, out_root: Path) -> tuple[dict, list[str]]:
     print(f"== {spec.name}: {spec.model_cls.__name__}, {spec.steps} steps", flush=True)
     model, seconds = train(spec, train_ids)
     model.eval()
@@ -268,7 +282,7 @@ def build_one(spec: Spec, tok, train_ids, heldout_ids, out_root: Path) -> dict:
         problems.append(f"held-out perplexity {ppl:.1f} > vocab/4 = {VOCAB_SIZE / 4}")
     if not abs(math.log(ppl_bf16 / ppl)) <= BF16_MAX_LOG_RATIO:
         problems.append(f"bf16 perplexity {ppl_bf16:.2f} vs float32 {ppl:.2f}: unstable in bf16")
-    if neg is not None and not neg > 1.5 * ppl:
+    if neg is not None and not neg > spec.min_router_effect * ppl:
         problems.append(f"negating the router only moves perplexity {ppl:.2f} -> {neg:.2f}: router untrained")
     if problems:  # never write a fixture that would mislead the tests
         record["size_bytes"] = 0

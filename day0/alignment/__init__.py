@@ -34,6 +34,7 @@ from day0.contract import StageInputs, StageResult
 from day0.errors import ConfigError, StageError
 from day0.modeling import load_pretrained
 from day0.plugins import apply_plugins
+from day0.sources import local_checkpoint
 
 
 class Config(BaseModel):
@@ -163,6 +164,9 @@ def run(config: Config, inputs: StageInputs) -> Result:
 
     target, reference = inputs.target, inputs.reference
     tolerances = load_tolerances(config.tolerance_file)
+    # s3:// sources: streamed shard by shard into the local cache (unchanged ETags: no download)
+    inputs = inputs.model_copy(update={"source": local_checkpoint(inputs.source, log=print)})
+    lap("fetch")
     if target.dtype not in tolerances.layers or target.dtype not in tolerances.ops.tolerances:
         raise ConfigError(f"no tolerances for dtype {target.dtype}",
                           file=config.tolerance_file or "day0/data/tolerances.yaml",

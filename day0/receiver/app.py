@@ -1,0 +1,334 @@
+"""The HTTP surface of the receiver (FastAPI). `create_app(settings)` builds it.
+
+Order of work for every POST: authenticate what can be authenticated from the headers -> refuse
+bodies over max_body_bytes (413, before reading more) -> verify body signatures -> parse JSON
+(400) -> validate the schema (422) -> write the journal durably -> answer 2xx -> wake the worker.
+Bad input is always a 4xx with {"detail": reason}; 5xx only means the receiver itself is in
+trouble (journal unwritable: 503, SNS confirmation call failed: 502).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import ipaddress
+import logging
+import sqlite3
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from typing import Any
+from urllib.parse import urlsplit
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from day0.receiver import auth
+from day0.receiver.auth import AuthError
+from day0.receiver.completeness import Checker, StoreError, make_client, relevant, split_key
+from day0.receiver.events import (BadRequest, ObjectEvent, Release, parse_hf, parse_json,
+                                  parse_release, parse_s3, parse_seaweedfs)
+from day0.receiver.journal import Journal, ReleaseRow
+from day0.receiver.settings import ReceiverSettings, secret
+from day0.receiver.submit import Worker
+
+log = logging.getLogger("day0.receiver")
+INLINE_CHECK_S = 8.0
+DRAIN_FACTOR = 4  # longer checks finish in the background; the event is already durable
+
+
+class TooLarge(Exception):
+    pass
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, or TooLarge once Content-Length or the bytes read pass `limit`.
+
+    Nothing over the limit is kept or parsed. A moderately oversized body is read to its end
+    and dropped so that the sender, still writing, sees the 413 instead of a reset connection;
+    past DRAIN_FACTOR x limit the answer goes out at once and the connection is closed.
+    """
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise BadRequest(400, "invalid Content-Length")
+        if int(declared) > limit * DRAIN_FACTOR:
+            raise TooLarge()
+    chunks, total = [], 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > limit * DRAIN_FACTOR:
+            raise TooLarge()
+        if total <= limit:
+            chunks.append(chunk)
+    if total > limit:
+        raise TooLarge()
+    return b"".join(chunks)
+
+
+def _reply(code: int, **body: Any) -> JSONResponse:
+    return JSONResponse(body, status_code=code)
+
+
+def _allowed_targets(settings: ReceiverSettings) -> set[str]:
+    if settings.allowed_targets is not None:
+        return set(settings.allowed_targets)
+    from day0.targets import available_targets
+
+    return set(available_targets()) | set(settings.targets)
+
+
+class Receiver:
+    """State shared by the handlers: settings, journal, checker, worker."""
+
+    def __init__(self, settings: ReceiverSettings, client_factory=None):
+        self.settings = settings
+        self.journal = Journal(settings.journal)
+        self.targets_allowed = _allowed_targets(settings)
+        factory = client_factory or (lambda: make_client(settings.s3))
+        self.checker = Checker(self.journal, factory, settings.checkpoint, settings.targets)
+        self.worker = Worker(self.journal, self.checker, settings)
+        # store calls get their own threads: a slow store must not delay journal writes
+        self.check_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="day0-check")
+
+    # ---- releases ------------------------------------------------------------------------
+
+    async def accept(self, releases: list[Release]) -> JSONResponse:
+        rows = []
+        for rel in releases:
+            targets = rel.targets or tuple(self.settings.targets)
+            unknown = sorted(set(targets) - self.targets_allowed)
+            if unknown:
+                raise BadRequest(422, f"targets: unknown target(s) {unknown}; allowed: "
+                                      f"{sorted(self.targets_allowed)}")
+            rows += [ReleaseRow(model=rel.model, revision=rel.revision, target=t, source=rel.source,
+                                origin=rel.origin) for t in targets]
+        fresh = await asyncio.to_thread(self.journal.accept, rows)
+        if any(fresh):
+            self.worker.wake()
+        listed = [{"model": r.model, "revision": r.revision, "target": r.target,
+                   "new": new} for r, new in zip(rows, fresh)]
+        if any(fresh):
+            return _reply(202, status="accepted", releases=listed)
+        return _reply(200, status="duplicate", releases=listed)
+
+    # ---- object-store events -------------------------------------------------------------
+
+    async def objects(self, events: list[ObjectEvent]) -> JSONResponse:
+        rules = self.settings.checkpoint
+        rows = []
+        for ev in events:
+            if relevant(ev.bucket, ev.key, rules):
+                prefix, _ = split_key(ev.key)
+                rows.append((ev.bucket, prefix, ev.key, ev.size, ev.etag))
+        if not rows:
+            return _reply(200, status="ignored",
+                          reason="no checkpoint file (config.json, index, *.safetensors) in the event")
+        generations = await asyncio.to_thread(self.journal.record_objects, rows)
+        out, any_new = [], False
+        for (bucket, prefix), gen in generations.items():
+            model = f"{bucket}/{prefix}" if prefix else bucket
+            try:
+                check = asyncio.get_running_loop().run_in_executor(
+                    self.check_pool, self.checker.ensure_checked, bucket, prefix, gen)
+                state, fresh = await asyncio.wait_for(check, INLINE_CHECK_S)
+            except Exception as exc:  # store down, slow or odd: the worker retries with backoff
+                if not isinstance(exc, (StoreError, asyncio.TimeoutError)):
+                    log.exception("completeness check of s3://%s/%s failed", bucket, prefix)
+                self.worker.wake()
+                reason = str(exc) or "store check still running"
+                out.append({"model": model, "state": "recorded", "detail": f"check pending: {reason}"})
+                continue
+            any_new |= any(fresh)
+            out.append({"model": model, "state": state.state, "missing": state.missing,
+                        "revision": state.revision, "detail": state.detail,
+                        "new_releases": sum(fresh)})
+        if any_new:
+            self.worker.wake()
+        states = {o["state"] for o in out}
+        status = ("accepted" if any_new else "complete" if states == {"complete"}
+                  else "waiting" if "waiting" in states else "recorded")
+        detail = "; ".join(f"{o['model']}: {o['detail']}" for o in out)
+        return _reply(202, status=status, detail=detail, prefixes=out)
+
+    async def sns_control(self, sns) -> JSONResponse:
+        if sns.Type == "SubscriptionConfirmation":
+            return await self.confirm_subscription(sns)
+        log.info("SNS %s for %s ignored", sns.Type, sns.TopicArn)
+        return _reply(200, status="ignored", reason=f"SNS {sns.Type}")
+
+    async def confirm_subscription(self, sns) -> JSONResponse:
+        url = sns.SubscribeURL or ""
+        try:
+            parts = urlsplit(url)
+            host = (parts.hostname or "").lower()
+        except ValueError:  # e.g. an unbalanced IPv6 bracket
+            return _reply(422, detail="SubscribeURL is not a URL")
+        allowed = any(fnmatch.fnmatchcase(host, p.lower()) for p in self.settings.sns_allowed_hosts)
+        secure = parts.scheme == "https" or (parts.scheme == "http" and _loopback(host))
+        if not host or not allowed or not secure:
+            why = (f"SubscribeURL host '{host}' is not in sns_allowed_hosts" if not allowed
+                   else "SubscribeURL must be https")
+            log.warning("SNS subscription to %s NOT confirmed (%s); confirm by hand: %s",
+                        sns.TopicArn, why, url)
+            return _reply(202, status="unconfirmed", reason=why)
+        import httpx
+
+        try:
+            async with httpx.AsyncClient(timeout=10.0, follow_redirects=False) as client:
+                resp = await client.get(url)
+        except httpx.HTTPError as exc:
+            return _reply(502, detail=f"SubscribeURL call failed: {type(exc).__name__}")
+        if resp.status_code // 100 != 2:
+            return _reply(502, detail=f"SubscribeURL answered {resp.status_code}")
+        log.info("SNS subscription to %s confirmed", sns.TopicArn)
+        return _reply(200, status="confirmed", topic=sns.TopicArn)
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class ServerTiming:
+    """ASGI middleware: 'Server-Timing: app;dur=<ms>' on every answer (time inside the receiver)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = time.perf_counter()
+
+        async def timed_send(message):
+            if message["type"] == "http.response.start":
+                ms = (time.perf_counter() - started) * 1000
+                message["headers"] = [*message.get("headers", []),
+                                      (b"server-timing", f"app;dur={ms:.2f}".encode())]
+            await send(message)
+
+        await self.app(scope, receive, timed_send)
+
+
+def create_app(settings: ReceiverSettings, client_factory=None) -> FastAPI:
+    """The receiver app; the journal opens and the worker starts with the app's lifespan.
+
+    `client_factory` returns the boto3 S3 client used for completeness checks (default: from
+    settings.s3 / day0.storage).
+    """
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        receiver = Receiver(settings, client_factory)
+        app.state.receiver = receiver
+        receiver.worker.start()
+        log.info("receiver ready: journal %s, deployment %s", settings.journal, settings.deployment)
+        try:
+            yield
+        finally:
+            receiver.worker.stop()
+            receiver.check_pool.shutdown(wait=False, cancel_futures=True)
+            receiver.journal.close()
+
+    app = FastAPI(title="day0 release receiver", lifespan=lifespan, docs_url=None,
+                  redoc_url=None, openapi_url=None)
+    app.add_middleware(ServerTiming)
+    secrets = settings.secrets
+    limit = settings.max_body_bytes
+
+    @app.exception_handler(BadRequest)
+    async def _bad(request, exc: BadRequest):
+        return _reply(exc.status, detail=exc.reason)
+
+    @app.exception_handler(AuthError)
+    async def _unauth(request, exc: AuthError):
+        return JSONResponse({"detail": str(exc)}, status_code=401,
+                            headers={"WWW-Authenticate": "Bearer"})
+
+    @app.exception_handler(TooLarge)
+    async def _large(request, exc):
+        return JSONResponse({"detail": f"body larger than {limit} bytes"}, status_code=413,
+                            headers={"Connection": "close"})
+
+    @app.exception_handler(sqlite3.Error)
+    async def _journal(request, exc):
+        log.error("journal write failed: %s", exc)
+        return JSONResponse({"detail": "journal unavailable, retry later"}, status_code=503,
+                            headers={"Retry-After": "5"})
+
+    def receiver(request: Request) -> Receiver:
+        return request.app.state.receiver
+
+    @app.post("/v1/events/s3")
+    async def s3_events(request: Request):
+        auth.check_token(request.headers, request.query_params, secret(secrets.s3_token),
+                         allow_query=True)
+        data = parse_json(await read_body(request, limit))
+        payload = parse_s3(data, request.headers.get("x-amz-sns-message-type"))
+        if payload.sns is not None and payload.sns.Type != "Notification":
+            return await receiver(request).sns_control(payload.sns)
+        if payload.ignored:
+            return _reply(200, status="ignored", reason=payload.ignored)
+        return await receiver(request).objects(payload.objects)
+
+    @app.post("/v1/events/seaweedfs")
+    async def seaweedfs_events(request: Request):
+        auth.check_token(request.headers, {}, secret(secrets.seaweedfs_token))
+        data = parse_json(await read_body(request, limit))
+        events, ignored = parse_seaweedfs(data, settings.checkpoint.seaweedfs_buckets_dir)
+        if ignored:
+            return _reply(200, status="ignored", reason=ignored)
+        return await receiver(request).objects(events)
+
+    @app.post("/v1/webhooks/release")
+    async def release_webhook(request: Request):
+        headers = request.headers
+        if auth.HF_SECRET_HEADER.lower() in headers:
+            auth.check_shared_secret(headers.get(auth.HF_SECRET_HEADER), secret(secrets.hf_webhook),
+                                     auth.HF_SECRET_HEADER)
+            data = parse_json(await read_body(request, limit))
+            hub = settings.hub
+            releases, ignored = parse_hf(data, hub.branches, hub.repo_types, hub.source)
+            if ignored:
+                return _reply(200, status="ignored", reason=ignored)
+            return await receiver(request).accept(releases)
+        if auth.SIGNATURE_HEADER.lower() not in headers:
+            raise AuthError(f"missing {auth.SIGNATURE_HEADER} (signed release) or "
+                            f"{auth.HF_SECRET_HEADER} (Hugging Face Hub)")
+        if secret(secrets.release_hmac) is None:
+            raise AuthError("no release_hmac secret is configured")
+        body = await read_body(request, limit)
+        auth.check_signature(headers, body, secret(secrets.release_hmac), settings.replay_window_s)
+        return await receiver(request).accept([parse_release(parse_json(body))])
+
+    @app.get("/healthz")
+    async def healthz(request: Request):
+        rec = receiver(request)
+        try:
+            auth.check_token(request.headers, {}, secret(secrets.admin_token))
+        except AuthError:
+            if not settings.public_healthz:
+                raise
+            return _reply(200, status="ok" if rec.worker.alive else "degraded")
+        stats = await asyncio.to_thread(rec.journal.stats)
+        return _reply(200, status="ok" if rec.worker.alive else "degraded", worker_alive=rec.worker.alive,
+                      submitted_by_this_process=rec.worker.submitted,
+                      last_worker_error=rec.worker.last_error, journal=stats,
+                      deployment=settings.deployment)
+
+    return app
+
+
+def serve(settings: ReceiverSettings) -> None:
+    """Run the receiver with uvicorn until SIGINT/SIGTERM (``day0 hooks serve``)."""
+    import uvicorn
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # access_log off: SNS senders may carry ?token= in the URL
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, access_log=False,
+                log_level="info", timeout_keep_alive=30)

@@ -1,0 +1,284 @@
+"""Is the checkpoint under s3://bucket/prefix complete? Asked of the store, never of the events.
+
+Object-store events arrive one per file and in any order, so an event only says "look again".
+A prefix is complete when config.json, model.safetensors.index.json (or a single
+model.safetensors), every shard the index names and any extra required file are present, and
+each shard's size equals 8 + header length + end of its last tensor (read with one ranged GET;
+verified shards are remembered by ETag). The revision of a complete checkpoint is a digest of
+the names, ETags and sizes of those files, so re-uploading identical files is the same release
+and changing any shard is a new one.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import posixpath
+import struct
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from day0.receiver.journal import Journal, PrefixState, ReleaseRow
+from day0.receiver.settings import CheckpointSettings, S3Settings
+
+CONFIG = "config.json"
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+HEAD_PROBE = 64 << 10  # one ranged GET covers the header of typical shards
+MAX_HEADER = 100 << 20
+
+
+class StoreError(Exception):
+    """The store could not be read (down, denied, throttled); the check is retried later."""
+
+
+@dataclass
+class CheckResult:
+    complete: bool
+    missing: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    revision: str | None = None
+    files: dict[str, tuple[int, str]] = field(default_factory=dict)
+
+    @property
+    def detail(self) -> str:
+        if self.complete:
+            return f"complete: {len(self.files)} files, revision {self.revision}"
+        parts = []
+        shards = [m for m in self.missing if m.endswith(".safetensors")]
+        others = [m for m in self.missing if not m.endswith(".safetensors")]
+        if shards:
+            parts.append(f"waiting for {len(shards)} shard{'s' if len(shards) != 1 else ''}")
+        if others:
+            parts.append("waiting for " + ", ".join(others))
+        parts.extend(self.problems)
+        return "; ".join(parts)
+
+
+def make_client(cfg: S3Settings):
+    """boto3 S3 client: explicit settings first, else day0.storage's factory (DAY0_S3_* env)."""
+    explicit = any(v is not None for v in (cfg.endpoint_url, cfg.region, cfg.access_key_id,
+                                           cfg.secret_access_key))
+    if not explicit:
+        from day0.storage import s3_client  # the project-wide factory (DAY0_S3_*, AWS settings)
+
+        return s3_client()
+    import boto3
+    from botocore.config import Config
+
+    def value(s):
+        return s.get_secret_value() if s is not None else None
+
+    return boto3.client("s3", endpoint_url=cfg.endpoint_url, region_name=cfg.region or "us-east-1",
+                        aws_access_key_id=value(cfg.access_key_id),
+                        aws_secret_access_key=value(cfg.secret_access_key),
+                        config=Config(retries={"max_attempts": 3, "mode": "standard"},
+                                      connect_timeout=5, read_timeout=30))
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """'a/b/config.json' -> ('a/b', 'config.json'); the prefix is the checkpoint's folder."""
+    prefix, name = posixpath.split(key)
+    return prefix, name
+
+
+def relevant(bucket: str, key: str, rules: CheckpointSettings) -> bool:
+    """Does an event for this object make its prefix worth checking?"""
+    name = posixpath.basename(key)
+    if not any(fnmatch.fnmatchcase(f"{bucket}/{key}", pat) for pat in rules.include):
+        return False
+    return name in (CONFIG, INDEX) or name.endswith(".safetensors") or name in rules.require
+
+
+def _expected_size(client, bucket: str, key: str) -> int:
+    """8 + header length + largest tensor end offset, from one (rarely two) ranged GETs."""
+    head = _get(client, bucket, key, f"bytes=0-{HEAD_PROBE - 1}")
+    if len(head) < 8:
+        raise ValueError("shorter than 8 bytes")
+    (n,) = struct.unpack("<Q", head[:8])
+    if n > MAX_HEADER:
+        raise ValueError(f"header length {n} is implausible")
+    raw = head[8:8 + n] if len(head) >= 8 + n else _get(client, bucket, key, f"bytes=8-{7 + n}")
+    if len(raw) < n:
+        raise ValueError("header is truncated")
+    header = json.loads(raw)
+    ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+    return 8 + n + max(ends, default=0)
+
+
+def _get(client, bucket: str, key: str, byte_range: str | None = None) -> bytes:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        kwargs = {"Range": byte_range} if byte_range else {}
+        return client.get_object(Bucket=bucket, Key=key, **kwargs)["Body"].read()
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code", "")
+        if code in ("NoSuchKey", "404", "InvalidRange", "416"):
+            raise FileNotFoundError(key) from None
+        raise StoreError(f"s3://{bucket}/{key}: {code or exc}") from None
+    except BotoCoreError as exc:
+        raise StoreError(f"s3://{bucket}/{key}: {exc}") from None
+
+
+def _list(client, bucket: str, prefix: str) -> dict[str, tuple[int, str]]:
+    """name -> (size, etag) of the objects directly under prefix."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    out: dict[str, tuple[int, str]] = {}
+    try:
+        pages = client.get_paginator("list_objects_v2").paginate(
+            Bucket=bucket, Prefix=f"{prefix}/" if prefix else "", Delimiter="/")
+        for page in pages:
+            for obj in page.get("Contents", []):
+                name = obj["Key"][len(prefix) + 1 if prefix else 0:]
+                out[name] = (int(obj["Size"]), str(obj.get("ETag", "")).strip('"'))
+    except (ClientError, BotoCoreError) as exc:
+        raise StoreError(f"listing s3://{bucket}/{prefix}: {exc}") from None
+    return out
+
+
+class HeaderCache:
+    """(bucket, key, etag, size) -> expected size; shards are immutable per ETag."""
+
+    def __init__(self, limit: int = 100_000):
+        self._data: dict[tuple, int | str] = {}
+        self._lock = threading.Lock()
+        self._limit = limit
+
+    def get(self, k):
+        with self._lock:
+            return self._data.get(k)
+
+    def put(self, k, v) -> None:
+        with self._lock:
+            if len(self._data) >= self._limit:
+                self._data.clear()
+            self._data[k] = v
+
+
+def check_prefix(client, bucket: str, prefix: str, rules: CheckpointSettings,
+                 cache: HeaderCache | None = None) -> CheckResult:
+    """Ask the store whether s3://bucket/prefix holds a complete checkpoint."""
+    cache = cache or HeaderCache()
+    files = _list(client, bucket, prefix)
+    join = (lambda n: f"{prefix}/{n}") if prefix else (lambda n: n)
+    missing: list[str] = []
+    problems: list[str] = []
+    if CONFIG not in files:
+        missing.append(CONFIG)
+    shards: list[str] = []
+    if INDEX in files:
+        size, _ = files[INDEX]
+        if size > rules.max_index_bytes:
+            problems.append(f"{INDEX} is {size} bytes, above checkpoint.max_index_bytes")
+        else:
+            try:
+                index = json.loads(_get(client, bucket, join(INDEX)))
+                shards = sorted(set(index["weight_map"].values()))
+                if not shards or not all(isinstance(s, str) and s for s in shards):
+                    raise ValueError("weight_map names no shard")
+            except FileNotFoundError:
+                missing.append(INDEX)
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                problems.append(f"{INDEX} unreadable: {exc}")
+    elif SINGLE in files:
+        shards = [SINGLE]
+    else:
+        missing.append(INDEX)
+    for name in [*shards, *rules.require]:
+        if name not in files and "/" in name:  # index names a file in a sub-folder
+            files.update(_head(client, bucket, join(name), name))
+        if name not in files or files[name][0] == 0:
+            missing.append(name)
+        elif name.endswith(".safetensors") and rules.verify_headers:
+            problem = _verify_shard(client, bucket, join(name), files[name], cache)
+            if problem:
+                problems.append(f"{name}: {problem}")
+    if missing or problems:
+        return CheckResult(complete=False, missing=missing, problems=problems)
+    needed = sorted({CONFIG, *shards, *rules.require} | ({INDEX} if INDEX in files else set()))
+    digest = hashlib.sha256("\n".join(f"{n}\t{files[n][1]}\t{files[n][0]}" for n in needed).encode())
+    return CheckResult(complete=True, revision=digest.hexdigest()[:32],
+                       files={n: files[n] for n in needed})
+
+
+def _head(client, bucket: str, key: str, name: str) -> dict[str, tuple[int, str]]:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        h = client.head_object(Bucket=bucket, Key=key)
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            return {}
+        raise StoreError(f"s3://{bucket}/{key}: {exc}") from None
+    except BotoCoreError as exc:
+        raise StoreError(f"s3://{bucket}/{key}: {exc}") from None
+    return {name: (int(h["ContentLength"]), str(h.get("ETag", "")).strip('"'))}
+
+
+def _verify_shard(client, bucket: str, key: str, info: tuple[int, str], cache: HeaderCache) -> str | None:
+    size, etag = info
+    ck = (bucket, key, etag, size)
+    expected = cache.get(ck)
+    if expected is None:
+        try:
+            expected = _expected_size(client, bucket, key)
+        except FileNotFoundError:
+            return "vanished while checking"
+        except (ValueError, KeyError, TypeError, IndexError, struct.error) as exc:
+            expected = f"not a safetensors file ({exc})"
+        cache.put(ck, expected)
+    if isinstance(expected, str):
+        return expected
+    if expected != size:
+        return f"size {size} but its header says {expected} (upload incomplete?)"
+    return None
+
+
+class Checker:
+    """Runs completeness checks for recorded prefixes, one at a time per prefix."""
+
+    def __init__(self, journal: Journal, client_factory: Callable[[], Any], rules: CheckpointSettings,
+                 targets: list[str]):
+        self.journal, self.rules, self.targets = journal, rules, targets
+        self._client_factory = client_factory
+        self._client = None
+        self._cache = HeaderCache()
+        self._locks: dict[tuple[str, str], threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def client(self):
+        with self._guard:
+            if self._client is None:
+                self._client = self._client_factory()
+            return self._client
+
+    def _lock(self, bucket: str, prefix: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault((bucket, prefix), threading.Lock())
+
+    def ensure_checked(self, bucket: str, prefix: str, generation: int) -> tuple[PrefixState, list[bool]]:
+        """Check unless a check already covered `generation`; returns state and new-release flags.
+
+        Raises StoreError when the store cannot be read (the prefix stays due for the worker).
+        """
+        with self._lock(bucket, prefix):
+            state = self.journal.prefix(bucket, prefix)
+            if state is None or state.checked >= generation:
+                return state, []
+            covered = state.generation  # events recorded before this point are all covered
+            result = check_prefix(self.client(), bucket, prefix, self.rules, self._cache)
+            releases = []
+            if result.complete:
+                model = f"{bucket}/{prefix}" if prefix else bucket
+                source = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
+                releases = [ReleaseRow(model=model, revision=result.revision, target=t,
+                                       source=source, origin="s3") for t in self.targets]
+            missing = len(result.missing) if not result.complete else 0
+            fresh = self.journal.finish_check(
+                bucket, prefix, covered, "complete" if result.complete else "waiting",
+                missing, result.detail, result.revision, releases)
+            return self.journal.prefix(bucket, prefix), fresh

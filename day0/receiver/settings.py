@@ -1,0 +1,196 @@
+"""Receiver settings: one YAML file (``day0 hooks serve --config FILE``), validated strictly.
+
+Secrets may be written as ``env:VARIABLE`` so the file itself holds no secret; they are resolved
+once at load time and a missing variable is a ConfigError naming the field.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+from day0.errors import ConfigError
+from day0.yamlio import load_model, read_mapping
+
+DEFAULTS = Path(__file__).resolve().parents[1] / "data" / "receiver.yaml"
+FLOW_PARAMETERS = ("target_file", "gates", "out", "stage_configs", "use_cache", "trust_remote_code")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Secrets(_Strict):
+    """Shared secrets, one per sender. An endpoint whose secret is unset answers 401 to all."""
+
+    release_hmac: SecretStr | None = Field(None, description=(
+        "HMAC-SHA256 key for the generic release webhook (X-Day0-Signature)."))
+    hf_webhook: SecretStr | None = Field(None, description=(
+        "Secret the Hugging Face Hub sends in X-Webhook-Secret."))
+    seaweedfs_token: SecretStr | None = Field(None, description=(
+        "Bearer token the SeaweedFS filer sends (notification.webhook bearer_token)."))
+    s3_token: SecretStr | None = Field(None, description=(
+        "Token for /v1/events/s3: 'Authorization: Bearer T' (MinIO auth_token, EventBridge API "
+        "destination), Basic auth with password T (SNS https://user:T@host/...) or ?token=T."))
+    admin_token: SecretStr | None = Field(None, description=(
+        "Bearer token for GET /healthz with journal statistics."))
+
+
+class HubSettings(_Strict):
+    """How a Hugging Face Hub webhook becomes a release."""
+
+    branches: list[str] = Field(["main"], description="Refs (branch names) whose updates count.")
+    repo_types: list[str] = Field(["model"], description="Hub repo types that count.")
+    source: str = Field("s3://hub-mirror/{repo}/{revision}", description=(
+        "Template for the flow's `source`: {repo} and {revision} are filled in. day0 reads "
+        "weights from local folders and s3:// only, so point this at the object-store mirror "
+        "your sync job fills from the Hub (e.g. 's3://mirror/{repo}/{revision}')."))
+
+
+    @field_validator("source")
+    @classmethod
+    def _template(cls, value: str) -> str:
+        try:
+            value.format(repo="org/name", revision="0" * 40)
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"only {{repo}} and {{revision}} may appear in braces ({exc!r})") from None
+        return value
+
+
+class S3Settings(_Strict):
+    """Object store the completeness check reads; unset fields fall back to day0.storage/AWS env."""
+
+    endpoint_url: str | None = Field(None, description="S3 endpoint URL (MinIO, SeaweedFS, Ceph).")
+    region: str | None = Field(None, description="Region name.")
+    access_key_id: SecretStr | None = Field(None, description="Access key (env:VAR allowed).")
+    secret_access_key: SecretStr | None = Field(None, description="Secret key (env:VAR allowed).")
+
+
+class CheckpointSettings(_Strict):
+    """When a prefix of the object store counts as a complete checkpoint."""
+
+    require: list[str] = Field(default_factory=list, description=(
+        "Files required besides config.json, the index and its shards (e.g. tokenizer.json)."))
+    max_index_bytes: int = Field(64 << 20, gt=0, description="Largest index file read.")
+    verify_headers: bool = Field(True, description=(
+        "Read each shard's safetensors header (one ranged GET) and require the object size to "
+        "equal 8 + header length + end of the last tensor; off: size > 0 is enough."))
+    include: list[str] = Field(["*"], description=(
+        "fnmatch patterns on 'bucket/key'; events for other objects are ignored."))
+    seaweedfs_buckets_dir: str = Field("/buckets", description=(
+        "Filer folder holding the S3 buckets (filer -s3 default /buckets)."))
+
+
+class SubmitSettings(_Strict):
+    """The background worker that turns accepted releases into Prefect flow runs."""
+
+    concurrency: int = Field(4, ge=1, le=64, description="Flow-run submissions in flight at once.")
+    backoff_initial_s: float = Field(1.0, gt=0, description="First retry delay when Prefect fails.")
+    backoff_max_s: float = Field(60.0, gt=0, description="Longest retry delay.")
+    poll_s: float = Field(5.0, gt=0, description="Idle wake-up interval of the worker.")
+    emit_events: bool = Field(True, description=(
+        "Emit a Prefect event 'day0.release.accepted' (resource day0.release.<model>) per release."))
+
+
+class ReceiverSettings(_Strict):
+    """Everything `day0 hooks serve` needs."""
+
+    host: str = Field("127.0.0.1", description="Listen address.")
+    port: int = Field(8787, ge=0, le=65535, description="Listen port (0: any free port).")
+    journal: str = Field("day0-receiver.sqlite", description=(
+        "SQLite journal (WAL, synchronous=FULL); relative paths are relative to the config file."))
+    deployment: str = Field("validate/day0", description="Prefect deployment 'flow/deployment'.")
+    prefect_api_url: str | None = Field(None, description=(
+        "Prefect API URL; default: Prefect's own settings (PREFECT_API_URL, profile)."))
+    targets: list[str] = Field(["cpu-bf16"], min_length=1, description=(
+        "Targets validated for every release that names none."))
+    allowed_targets: list[str] | None = Field(None, description=(
+        "Targets a signed release may ask for; default: the targets day0 knows here."))
+    flow_parameters: dict[str, Any] = Field(default_factory=dict, description=(
+        f"Extra parameters for every flow run; keys among {', '.join(FLOW_PARAMETERS)}."))
+    max_body_bytes: int = Field(1 << 20, gt=0, description="Larger request bodies get 413.")
+    replay_window_s: int = Field(300, gt=0, description=(
+        "Signed releases whose X-Day0-Timestamp is further than this from now get 401."))
+    sns_allowed_hosts: list[str] = Field(default_factory=list, description=(
+        "fnmatch patterns of hosts whose SubscribeURL is confirmed (e.g. 'sns.*.amazonaws.com'); "
+        "https only, except loopback hosts. Empty: never call out."))
+    public_healthz: bool = Field(False, description=(
+        "Answer GET /healthz without a token (status only, no statistics)."))
+    secrets: Secrets = Field(default_factory=Secrets, description="Shared secrets per sender.")
+    hub: HubSettings = Field(default_factory=HubSettings, description="Hugging Face Hub webhooks.")
+    s3: S3Settings = Field(default_factory=S3Settings, description="Object store access.")
+    checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings,
+                                           description="Completeness rules.")
+    submit: SubmitSettings = Field(default_factory=SubmitSettings, description="Submission worker.")
+
+    @field_validator("flow_parameters")
+    @classmethod
+    def _known_parameters(cls, value: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(value) - set(FLOW_PARAMETERS))
+        if unknown:
+            raise ValueError(f"unknown flow parameter(s) {unknown}; known: {list(FLOW_PARAMETERS)}")
+        return value
+
+    @field_validator("deployment")
+    @classmethod
+    def _deployment_name(cls, value: str) -> str:
+        if value.count("/") != 1 or not all(value.split("/")):
+            raise ValueError("must be 'flow-name/deployment-name', e.g. 'validate/day0'")
+        return value
+
+
+def _resolve_secrets(data: Any, file: str, path: str = "") -> Any:
+    """Replace every 'env:VAR' string under secrets/s3 with the variable's value."""
+    if isinstance(data, dict):
+        return {k: _resolve_secrets(v, file, f"{path}{k}.") for k, v in data.items()}
+    if isinstance(data, str) and data.startswith("env:"):
+        var = data[4:]
+        if var not in os.environ:
+            raise ConfigError(f"environment variable {var} is not set", file=file,
+                              field=path.rstrip("."), fix=f"export {var}=... or write the value")
+        return os.environ[var]
+    return data
+
+
+def load_settings(path: str | Path | None = None, **overrides: Any) -> ReceiverSettings:
+    """Defaults from day0/data/receiver.yaml, then the file at `path`, then `overrides`."""
+    data = read_mapping(DEFAULTS) or {}
+    file = str(DEFAULTS)
+    base = Path.cwd()
+    if path is not None:
+        file = str(path)
+        user = read_mapping(path) or {}
+        if not isinstance(user, dict):
+            raise ConfigError("must be a mapping of settings", file=file, fix="see day0/data/receiver.yaml")
+        data = _merge(data, user)
+        base = Path(path).resolve().parent
+    data = _merge(data, overrides)
+    for section in ("secrets", "s3"):
+        if isinstance(data.get(section), dict):
+            data[section] = _resolve_secrets(data[section], file, f"{section}.")
+    settings = load_model(ReceiverSettings, data, file)
+    journal = Path(settings.journal).expanduser()
+    if not journal.is_absolute():
+        journal = base / journal
+    return settings.model_copy(update={"journal": str(journal)})
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def secret(value: SecretStr | None) -> bytes | None:
+    """A secret's bytes, or None when unset or empty (an empty secret never authenticates)."""
+    if value is None:
+        return None
+    raw = value.get_secret_value().encode()
+    return raw or None

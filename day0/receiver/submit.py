@@ -1,0 +1,197 @@
+"""Background worker: accepted releases -> Prefect flow runs; unchecked prefixes -> checks.
+
+It runs in its own thread with its own event loop, so HTTP handlers only write the journal and
+wake it. On start it finds whatever the journal holds as pending (a previous process may have
+been killed between accepting and submitting) and submits it. Each submission is
+``run_deployment(..., timeout=0, idempotency_key="day0:<model>@<revision>:<target>")``: if a
+crash came after Prefect created the run but before the journal recorded it, the resubmission
+returns the same flow run instead of creating a second one. Failures back off exponentially
+(capped) and are retried for as long as the receiver runs; nothing accepted is ever dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import importlib
+import logging
+import random
+import threading
+import time
+import uuid
+
+from day0.receiver.completeness import Checker
+from day0.receiver.journal import Journal, ReleaseRow
+from day0.receiver.settings import ReceiverSettings
+
+log = logging.getLogger("day0.receiver")
+EVENT_NAMESPACE = uuid.UUID("6f1d7a5e-3c0b-4b8e-9d39-0da7f5a1c0de")
+
+
+def backoff(attempt: int, initial: float, cap: float) -> float:
+    """Exponential delay with +-20 % jitter so many pending releases do not retry in lockstep."""
+    return min(cap, initial * (2 ** min(attempt, 30))) * random.uniform(0.8, 1.2)
+
+
+class Worker:
+    def __init__(self, journal: Journal, checker: Checker | None, settings: ReceiverSettings):
+        self.journal, self.checker, self.settings = journal, checker, settings
+        self._context = contextvars.copy_context()  # inherit Prefect settings of the creator
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._inflight: set[int] = set()
+        self.submitted = 0
+        self.last_error: str | None = None
+
+    # ---- lifecycle (called from any thread) ----------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._context.run, args=(self._main,),
+                                        name="day0-receiver-worker", daemon=True)
+        self._thread.start()
+        self._ready.wait(30)
+
+    def wake(self) -> None:
+        if self._loop is not None and self._wake is not None:
+            with contextlib.suppress(RuntimeError):  # loop already closed at shutdown
+                self._loop.call_soon_threadsafe(self._wake.set)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self.wake()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # ---- the loop ------------------------------------------------------------------------
+
+    def _main(self) -> None:
+        url = self.settings.prefect_api_url
+        try:
+            if url:
+                from prefect.settings import PREFECT_API_URL, temporary_settings
+
+                with temporary_settings(updates={PREFECT_API_URL: url}):
+                    asyncio.run(self._run())
+            else:
+                asyncio.run(self._run())
+        except Exception as exc:  # shows as worker_alive false / degraded in /healthz
+            log.exception("receiver worker stopped")
+            self.last_error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self._ready.set()
+
+    async def _run(self) -> None:
+        # import Prefect's client side now, not under the first request's load (seconds of GIL)
+        for module in ("prefect.deployments", "prefect.events"):
+            importlib.import_module(module)
+        from prefect.client.orchestration import get_client
+
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        limit = asyncio.Semaphore(self.settings.submit.concurrency)
+        tasks: set[asyncio.Task] = set()
+        async with get_client() as client:
+            self._ready.set()
+            while not self._stop.is_set():
+                self._wake.clear()
+                try:
+                    await self._check_prefixes()
+                    for row in await asyncio.to_thread(self.journal.due_releases, 200):
+                        if row.id in self._inflight:
+                            continue
+                        self._inflight.add(row.id)
+                        task = asyncio.create_task(self._submit(client, row, limit))
+                        tasks.add(task)
+                        task.add_done_callback(tasks.discard)
+                    delay = await asyncio.to_thread(self._idle_delay)
+                except Exception as exc:  # journal trouble: keep the worker alive, try again
+                    log.exception("receiver worker pass failed")
+                    self.last_error = f"{type(exc).__name__}: {exc}"
+                    delay = self.settings.submit.poll_s
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=delay)
+            if tasks:  # pending events are flushed by Prefect's own exit handler
+                await asyncio.wait(tasks, timeout=10)
+
+    def _idle_delay(self) -> float:
+        # 0 means "due now": rows in flight or just recorded, whose owners call wake() anyway
+        due = [t for t in (self.journal.next_release_due(), self.journal.next_check_due()) if t]
+        delay = self.settings.submit.poll_s
+        if due:
+            delay = min(delay, max(0.05, min(due) - time.time()))
+        return delay
+
+    async def _check_prefixes(self) -> None:
+        if self.checker is None:
+            return
+        for bucket, prefix, failures in await asyncio.to_thread(self.journal.due_prefixes):
+            state = await asyncio.to_thread(self.journal.prefix, bucket, prefix)
+            try:
+                await asyncio.to_thread(self.checker.ensure_checked, bucket, prefix, state.generation)
+            except Exception as exc:  # one bad prefix must not hold up the others
+                delay = backoff(failures, self.settings.submit.backoff_initial_s,
+                                self.settings.submit.backoff_max_s)
+                log.warning("store check of s3://%s/%s failed (retry in %.0f s): %s: %s",
+                            bucket, prefix, delay, type(exc).__name__, exc)
+                await asyncio.to_thread(self.journal.defer_check, bucket, prefix, delay,
+                                        f"{type(exc).__name__}: {exc}")
+
+    async def _submit(self, client, row: ReleaseRow, limit: asyncio.Semaphore) -> None:
+        from prefect.deployments import arun_deployment
+
+        s = self.settings
+        params = {"source": row.source, "target": row.target, "revision": row.revision,
+                  **s.flow_parameters}
+        try:
+            async with limit:
+                try:
+                    run = await arun_deployment(
+                        name=s.deployment, client=client, parameters=params, timeout=0,
+                        idempotency_key=row.idempotency_key, as_subflow=False,
+                        tags=["day0", "release", f"origin:{row.origin}"])
+                except Exception as exc:
+                    delay = backoff(row.attempts, s.submit.backoff_initial_s, s.submit.backoff_max_s)
+                    self.last_error = f"{type(exc).__name__}: {exc}"
+                    log.warning("submitting %s failed (attempt %d, retry in %.1f s): %s",
+                                row.idempotency_key, row.attempts + 1, delay, self.last_error)
+                    await asyncio.to_thread(self.journal.mark_retry, row.id, delay, self.last_error)
+                    return
+                await asyncio.to_thread(self.journal.mark_submitted, row.id, str(run.id))
+                self.submitted += 1
+                log.info("submitted %s as flow run %s", row.idempotency_key, run.id)
+                if s.submit.emit_events:
+                    self._emit(row, run)
+        finally:
+            self._inflight.discard(row.id)
+            self.wake()
+
+    def _emit(self, row: ReleaseRow, run) -> None:
+        """A Prefect event per release, so it shows in the UI's event feed next to its run."""
+        try:
+            from prefect.events import emit_event
+
+            related = [{"prefect.resource.id": f"prefect.flow-run.{run.id}",
+                        "prefect.resource.role": "flow-run"}]
+            if run.deployment_id:
+                related.append({"prefect.resource.id": f"prefect.deployment.{run.deployment_id}",
+                                "prefect.resource.role": "deployment"})
+            emit_event(
+                event="day0.release.accepted",
+                resource={"prefect.resource.id": f"day0.release.{row.model}",
+                          "prefect.resource.name": row.model,
+                          "day0.revision": row.revision, "day0.target": row.target},
+                related=related,
+                payload={"source": row.source, "origin": row.origin,
+                         "idempotency_key": row.idempotency_key, "flow_run_id": str(run.id)},
+                # same id on a resubmission after a crash: the server stores the event once
+                id=uuid.uuid5(EVENT_NAMESPACE, row.idempotency_key))
+        except Exception as exc:  # events are informative; the flow run is what matters
+            log.warning("could not emit Prefect event for %s: %s", row.idempotency_key, exc)

@@ -1,0 +1,306 @@
+"""Where a SOURCE's files come from: a local folder or an s3:// prefix.
+
+* ``read_config(source)``: config.json as a dict (for s3: one GET; scan needs nothing else).
+* ``weights_digest(source)`` for s3: digest of the objects' names, ETags and sizes - the stage
+  cache key without downloading anything.
+* ``local_checkpoint(source)``: a local folder for stages that load weights. For s3 the objects
+  are streamed one at a time to ``$DAY0_CACHE_DIR/weights/blobs/<id>`` (id = hash of bucket, key,
+  ETag and size; temp file then atomic rename; each GET pinned to the listed ETag with If-Match),
+  and ``weights/snapshots/<listing digest>/`` holds symlinks named like the objects. A rerun with
+  unchanged ETags downloads nothing; a changed shard downloads only that shard. Blobs stay until
+  the cache folder is cleared.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from day0.errors import InputError
+from day0.storage import (ObjectInfo, S3Uri, checkpoint_objects, is_s3, parse_s3_uri,
+                          read_object, s3_client, translate_error)
+
+# objects below this are one streamed GET; larger ones parallel ranged GETs of PART_BYTES
+STREAM_LIMIT = 64 * 2**20
+PART_BYTES = 16 * 2**20
+OTHER_WEIGHTS = (".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack")
+CONFIG = "config.json"
+
+
+def cache_root() -> Path:
+    root = os.environ.get("DAY0_CACHE_DIR") or Path.home() / ".cache" / "day0"
+    return Path(root) / "weights"
+
+
+def wanted_objects(objects: dict[str, ObjectInfo]) -> dict[str, ObjectInfo]:
+    """The files a stage needs: everything under the prefix, except other weight formats
+    (pytorch .bin etc.) when safetensors are present (HF repos often ship both)."""
+    if not any(n.endswith(".safetensors") for n in objects):
+        return dict(objects)
+    return {n: o for n, o in objects.items() if not n.endswith(OTHER_WEIGHTS)}
+
+
+def listing_digest(objects: dict[str, ObjectInfo]) -> str:
+    """sha256 over (name, ETag, size) of each object: the checkpoint's identity on the store."""
+    h = hashlib.sha256(b"s3-objects\n")
+    for name, info in sorted(objects.items()):
+        h.update(f"{name}:{info.etag}:{info.size}\n".encode())
+    return h.hexdigest()
+
+
+def weights_digest(source: str) -> str:
+    """Digest of an s3:// checkpoint from one LIST (keys, ETags, sizes); no data is read."""
+    _, objects = checkpoint_objects(source)
+    return listing_digest(wanted_objects(objects))
+
+
+@dataclass
+class Completeness:
+    """Is an s3:// checkpoint fully uploaded? (the receiver's test before submitting a run)"""
+
+    complete: bool
+    reason: str
+    missing: list[str] = field(default_factory=list)
+    objects: dict[str, ObjectInfo] = field(default_factory=dict)
+    digest: str | None = None  # weights_digest when complete
+
+
+def completeness(source: str, *, verify_headers: bool = True) -> Completeness:
+    """config.json present; with an index, every shard it names present; else at least one
+    safetensors file. verify_headers: each shard's header read (ranged GETs) and its data length
+    checked against the object's size, so a shard still being written is not complete.
+    InputError only for a store/bucket that cannot be read; an empty prefix is 'incomplete'."""
+    from day0.checkpoint import data as ckpt_data
+    from day0.storage import S3Reader, list_objects
+
+    files = ckpt_data()["files"]
+    objects = wanted_objects(list_objects(source))
+    if CONFIG not in objects:
+        return Completeness(False, "config.json not uploaded yet", [CONFIG], objects)
+    shards = sorted(n for n in objects if n.endswith(".safetensors"))
+    if files["index"] in objects:
+        raw = read_object(f"s3://{parse_s3_uri(source).bucket}/{objects[files['index']].key}")
+        try:
+            named = sorted(set(json.loads(raw.decode("utf-8"))["weight_map"].values()))
+        except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            return Completeness(False, f"index unreadable ({type(exc).__name__})", [], objects)
+        missing = [s for s in named if s not in objects]
+        if missing:
+            return Completeness(False, f"{len(missing)} of {len(named)} shards not uploaded yet",
+                                missing, objects)
+        shards = named
+    elif not shards:
+        return Completeness(False, "no safetensors uploaded yet", [files["single"]], objects)
+    if verify_headers:
+        reader = S3Reader(source)
+        for shard in shards:
+            short = _short_by(reader, shard)
+            if short:
+                return Completeness(False, f"{shard} is {short} bytes shorter than its header "
+                                           "says (still being written?)", [shard], objects)
+    return Completeness(True, f"config.json and {len(shards)} shards present", [], objects,
+                        listing_digest(objects))
+
+
+def _short_by(reader, shard: str) -> int:
+    """Bytes a shard lacks per its own header (0: whole; a corrupt header also gives 0, so the
+    analysis stage gets to report it instead of the checkpoint waiting forever)."""
+    import struct
+
+    size = reader.size(shard)
+    if size < 8:
+        return 8 - size
+    (length,) = struct.unpack("<Q", reader.read_range(shard, 0, 8))
+    if 8 + length > size:
+        return 8 + length - size if length < 100 * 2**20 else 0
+    try:
+        header = json.loads(reader.read_range(shard, 8, length).decode("utf-8"))
+        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"),
+                  default=0)
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError, IndexError):
+        return 0
+    return max(0, 8 + length + end - size)
+
+
+def read_config(source: str | Path) -> tuple[dict, str]:
+    """(config.json as a dict, its location) for a local or s3:// source."""
+    if not is_s3(source):
+        from day0.modeling import config_path, read_config_dict
+
+        return read_config_dict(source), str(config_path(source))
+    folder, objects = checkpoint_objects(source)
+    info = objects.get(CONFIG)
+    where = f"s3://{folder.bucket}/{info.key}" if info else str(folder.child(CONFIG))
+    if info is None:
+        raise InputError("no config.json found", file=where,
+                         fix="upload config.json next to the weights, or pass the right prefix")
+    raw = read_object(where)
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"not valid JSON ({exc})", file=where,
+                         fix="restore config.json from the model's release") from None
+    if not isinstance(data, dict):
+        raise InputError("config.json must hold a JSON object", file=where,
+                         fix="restore config.json from the model's release")
+    return data, where
+
+
+# --------------------------------------------------------------------------- materialization
+
+@dataclass
+class Materialized:
+    """A local copy of an s3:// checkpoint and what it cost to get it."""
+
+    path: Path
+    source: str
+    downloaded_files: list[str] = field(default_factory=list)
+    downloaded_bytes: int = 0
+    reused_files: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _blob_id(bucket: str, info: ObjectInfo) -> str:
+    return hashlib.sha256(f"{bucket}\n{info.key}\n{info.etag}\n{info.size}".encode()).hexdigest()
+
+
+class _Pin:
+    """s3transfer subscriber: use the listed size and ETag (If-Match on every ranged GET)."""
+
+    def __init__(self, info: ObjectInfo):
+        self.info = info
+
+    def on_queued(self, future, **kwargs):
+        future.meta.provide_transfer_size(self.info.size)
+        if self.info.etag and hasattr(future.meta, "provide_object_etag"):
+            future.meta.provide_object_etag(f'"{self.info.etag}"')
+
+    def on_progress(self, future, bytes_transferred, **kwargs):
+        pass
+
+    def on_done(self, future, **kwargs):
+        pass
+
+
+def _download(client, bucket: str, info: ObjectInfo, dest: Path) -> None:
+    """Stream one object to dest via a temp file in the same folder and an atomic rename."""
+    import botocore.exceptions as bx
+
+    where = f"s3://{bucket}/{info.key}"
+    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            if info.size <= STREAM_LIMIT:
+                args = {"Bucket": bucket, "Key": info.key}
+                if info.etag:
+                    args["IfMatch"] = f'"{info.etag}"'
+                body = client.get_object(**args)["Body"]
+                for chunk in body.iter_chunks(1 << 20):
+                    fh.write(chunk)
+        if info.size > STREAM_LIMIT:
+            from boto3.s3.transfer import TransferConfig, create_transfer_manager
+
+            config = TransferConfig(multipart_threshold=STREAM_LIMIT, multipart_chunksize=PART_BYTES,
+                                    max_concurrency=8, max_io_queue=64)
+            with create_transfer_manager(client, config) as manager:
+                manager.download(bucket, info.key, str(tmp), subscribers=[_Pin(info)]).result()
+        got = tmp.stat().st_size
+        if got != info.size:
+            raise InputError(f"downloaded {got} bytes, the listing says {info.size}", file=where,
+                             fix="rerun once the upload has finished")
+        os.replace(tmp, dest)
+    except (bx.BotoCoreError, bx.ClientError) as exc:
+        raise translate_error(exc, where, client) from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _fetch_blob(client, bucket: str, info: ObjectInfo, blobs: Path) -> bool:
+    """Make sure the blob for info exists; True when it had to be downloaded."""
+    blob = blobs / _blob_id(bucket, info)
+    if blob.is_file() and blob.stat().st_size == info.size:
+        return False
+    with open(blobs / f".{blob.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be fetching the same blob
+        if blob.is_file() and blob.stat().st_size == info.size:
+            return False
+        _download(client, bucket, info, blob)
+    return True
+
+
+def materialize(source: str, *, client=None, log=None) -> Materialized:
+    """Local folder with every needed object of an s3:// checkpoint, downloaded shard by shard."""
+    started = time.monotonic()
+    client = client or s3_client()
+    folder, objects = checkpoint_objects(source, client=client)
+    objects = wanted_objects(objects)
+    root = cache_root()
+    blobs, snapshots = root / "blobs", root / "snapshots"
+    blobs.mkdir(parents=True, exist_ok=True)
+    snapshots.mkdir(parents=True, exist_ok=True)
+    done = Materialized(path=snapshots / listing_digest(objects)[:32], source=str(parse_s3_uri(source)))
+    for name, info in sorted(objects.items()):
+        if _fetch_blob(client, folder.bucket, info, blobs):
+            done.downloaded_files.append(name)
+            done.downloaded_bytes += info.size
+            if log:
+                log(f"downloaded {name} ({info.size} bytes)")
+        else:
+            done.reused_files.append(name)
+    if not done.path.is_dir():
+        _link_snapshot(done.path, folder.bucket, objects)
+    done.seconds = time.monotonic() - started
+    return done
+
+
+def _link_snapshot(path: Path, bucket: str, objects: dict[str, ObjectInfo]) -> None:
+    """Build the snapshot folder of symlinks aside and rename it into place (atomic)."""
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
+    try:
+        for name, info in objects.items():
+            (tmp / name).symlink_to(Path("..") / ".." / "blobs" / _blob_id(bucket, info))
+        (tmp / ".day0-source.json").write_text(json.dumps(
+            {"bucket": bucket, "objects": {n: [o.key, o.etag, o.size] for n, o in objects.items()}},
+            indent=1))
+        try:
+            os.rename(tmp, path)
+        except OSError:  # another process made the same snapshot first
+            if not path.is_dir():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+_local_lock = threading.Lock()
+
+
+def local_checkpoint(source: str, *, log=None) -> str:
+    """source itself when local; the materialized snapshot folder for s3://."""
+    if not is_s3(source):
+        return source
+    with _local_lock:
+        return str(materialize(source, log=log).path)
+
+
+def model_name(source: str) -> str:
+    """The model part of a results path: the s3 key prefix, or a local folder's name."""
+    if is_s3(source):
+        u: S3Uri = parse_s3_uri(source)
+        key = u.key[:-len(CONFIG)].rstrip("/") if u.key.endswith(CONFIG) else u.key
+        return key or u.bucket
+    path = Path(source)
+    return (path.parent if path.is_file() else path).resolve().name or "model"
+
+
+__all__ = ["Completeness", "completeness", "Materialized", "materialize", "local_checkpoint", "read_config", "weights_digest",
+           "listing_digest", "wanted_objects", "model_name", "cache_root", "STREAM_LIMIT"]
