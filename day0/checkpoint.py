@@ -242,16 +242,9 @@ def _read_config(reader: CountingReader) -> tuple[dict, str]:
     if name not in reader.names():
         raise InputError("no config.json found", file=where,
                          fix="pass a checkpoint folder containing config.json, or a config.json file")
-    raw = reader.read_range(name, 0, reader.size(name))
-    try:
-        config = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"not valid JSON ({exc})", file=where,
-                         fix="restore config.json from the model's release") from None
-    if not isinstance(config, dict):
-        raise InputError("config.json must hold a JSON object", file=where,
-                         fix="restore config.json from the model's release")
-    return config, where
+    from day0.modeling import parse_config_json
+
+    return parse_config_json(reader.read_range(name, 0, reader.size(name)), where), where
 
 
 def _read_weights(reader: CountingReader, ckpt: Checkpoint, problems: list[Problem]) -> bool:

@@ -46,21 +46,26 @@ def config_file(source: str | Path) -> str:
     return str(config_path(source))
 
 
+def parse_config_json(raw: bytes, where: str) -> dict:
+    """config.json bytes -> dict, or an InputError naming where it came from."""
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"not valid JSON ({exc})", file=where,
+                         fix="restore config.json from the model's release") from None
+    if not isinstance(data, dict):
+        raise InputError("config.json must hold a JSON object", file=where,
+                         fix="restore config.json from the model's release")
+    return data
+
+
 def read_config_dict(source: str | Path) -> dict:
     if str(source).startswith("s3://"):
         from day0.sources import read_config
 
         return read_config(str(source))[0]
     path = config_path(source)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"not valid JSON ({exc})", file=str(path),
-                         fix="restore config.json from the model's release") from None
-    if not isinstance(data, dict):
-        raise InputError("config.json must hold a JSON object", file=str(path),
-                         fix="restore config.json from the model's release")
-    return data
+    return parse_config_json(path.read_bytes(), str(path))
 
 
 def resolve_config(data: dict, *, trust_remote_code: bool = False, file: str = "config.json"

@@ -155,3 +155,31 @@ def write(report: Report, out: str | Path) -> tuple[Path, Path]:
     json_path.write_text(report.model_dump_json(indent=2))
     md_path.write_text(to_markdown(report))
     return json_path, md_path
+
+
+def publish_to_store(report, outcomes: dict[str, StageOutcome] | None = None,
+                     revision: str | None = None, log=None) -> str | None:
+    """report.json, report.md and stages/<stage>.json to the results location (day0.storage):
+    for an s3:// source or with DAY0_RESULTS_URI set; sets report.results_uri. A store that
+    fails here is logged, never turned into a failed verdict."""
+    from day0.errors import Day0Error
+    from day0.storage import results_location, write_results
+
+    try:
+        where = results_location(None, report.source, report.target.name, revision)
+        if where is None:
+            return None
+        report.results_uri = where
+        files = {"report.json": report.model_dump_json(indent=2).encode(),
+                 "report.md": to_markdown(report).encode()}
+        for name, outcome in (outcomes or {}).items():
+            files[f"stages/{name}.json"] = outcome.model_dump_json(indent=1).encode()
+        write_results(where, files)
+    except Day0Error as exc:
+        report.results_uri = None
+        if log:
+            log.error("results not published: %s", exc)
+        return None
+    if log:
+        log.info("results published to %s", where)
+    return where

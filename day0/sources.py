@@ -142,16 +142,9 @@ def read_config(source: str | Path) -> tuple[dict, str]:
     if info is None:
         raise InputError("no config.json found", file=where,
                          fix="upload config.json next to the weights, or pass the right prefix")
-    raw = read_object(where)
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"not valid JSON ({exc})", file=where,
-                         fix="restore config.json from the model's release") from None
-    if not isinstance(data, dict):
-        raise InputError("config.json must hold a JSON object", file=where,
-                         fix="restore config.json from the model's release")
-    return data, where
+    from day0.modeling import parse_config_json
+
+    return parse_config_json(read_object(where), where), where
 
 
 # --------------------------------------------------------------------------- materialization

@@ -9,7 +9,6 @@ limit, streams the child's log lines, and turns a crash, timeout or OOM kill int
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import signal
 import subprocess

@@ -18,7 +18,7 @@ def read_mapping(path: str | Path, error: type[ConfigError] = ConfigError) -> An
     """Parse a YAML or JSON file; a missing or unparsable file is a ConfigError naming it."""
     path = Path(path)
     if not path.is_file():
-        raise error(f"file not found", file=str(path), fix="check the path")
+        raise error("file not found", file=str(path), fix="check the path")
     text = path.read_text(encoding="utf-8")
     try:
         return json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)

@@ -32,35 +32,6 @@ def run_stage_task(stage: str, config: dict, inputs: StageInputs, use_cache: boo
     return outcome
 
 
-def publish_to_store(report, outcomes: dict[str, StageOutcome] | None = None,
-                     revision: str | None = None, log=None) -> str | None:
-    """report.json, report.md and stages/<stage>.json to the results location (day0.storage):
-    for an s3:// source or with DAY0_RESULTS_URI set; sets report.results_uri. A store that
-    fails here is logged, never turned into a failed verdict."""
-    from day0 import report as reporting
-    from day0.errors import Day0Error
-    from day0.storage import results_location, write_results
-
-    try:
-        where = results_location(None, report.source, report.target.name, revision)
-        if where is None:
-            return None
-        report.results_uri = where
-        files = {"report.json": report.model_dump_json(indent=2).encode(),
-                 "report.md": reporting.to_markdown(report).encode()}
-        for name, outcome in (outcomes or {}).items():
-            files[f"stages/{name}.json"] = outcome.model_dump_json(indent=1).encode()
-        write_results(where, files)
-    except Day0Error as exc:
-        report.results_uri = None
-        if log:
-            log.error("results not published: %s", exc)
-        return None
-    if log:
-        log.info("results published to %s", where)
-    return where
-
-
 @task(name="publish-report", cache_policy=NO_CACHE)
 def publish_report_task(report_json: dict, out: str | None,
                         outcomes: dict[str, StageOutcome] | None = None,
@@ -72,7 +43,7 @@ def publish_report_task(report_json: dict, out: str | None,
     from day0 import report as reporting
 
     report = reporting.Report.model_validate(report_json)
-    results_uri = publish_to_store(report, outcomes, revision, get_run_logger())
+    results_uri = reporting.publish_to_store(report, outcomes, revision, get_run_logger())
     create_markdown_artifact(key="day0-report", markdown=reporting.to_markdown(report),
                              description=f"day0 {report.verdict}: {report.target.label}")
     create_table_artifact(key="day0-gates", table=reporting.gate_rows(report),

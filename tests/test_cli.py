@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import struct
@@ -13,7 +12,7 @@ import sys
 import pytest
 import yaml
 
-from tests.conftest import FIXTURES, HELDOUT, MODELS
+from tests.conftest import MODELS
 
 LLAMA = MODELS / "tiny-llama"
 

@@ -122,7 +122,6 @@ def test_cli_input_error_in_stage_exits_2(prefect_server, tmp_path):
 def test_nan_in_weights_fails(prefect_server, tmp_path):
     import shutil
 
-    import torch
     from safetensors.torch import load_file, save_file
 
     ckpt = tmp_path / "nan-ckpt"

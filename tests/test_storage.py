@@ -351,7 +351,7 @@ def test_server_helper_cleans_up(tmp_path):
 def test_flow_publish_step_writes_report_and_stages(s3):
     from day0 import report as reporting
     from day0.targets import REFERENCE
-    from tasks.stages import publish_to_store
+    from day0.report import publish_to_store
 
     uri = s3.upload()
     target = resolve_target("cpu-bf16")
