@@ -173,3 +173,10 @@ def test_unknown_stage_in_config_exits_2(tmp_path):
     config.write_text(yaml.safe_dump({"alignmnet": {}}))
     proc = day0("validate", LLAMA, "--config", config)
     assert proc.returncode == 2 and "did you mean 'alignment'" in proc.stderr
+
+
+def test_target_file_with_deployment_exits_2(tmp_path):
+    target = tmp_path / "target.yaml"
+    target.write_text(yaml.safe_dump({"name": "x", "device": "cpu", "dtype": "bfloat16"}))
+    proc = day0("validate", LLAMA, "--target-file", target, "--deployment", "validate/day0")
+    assert proc.returncode == 2 and "--target NAME" in proc.stderr
