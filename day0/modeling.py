@@ -123,8 +123,25 @@ def _type_for_architecture(arch: str, mapping) -> str:
 
 
 def _remote_config(data: dict, file: str, notes: list[str]) -> ResolvedConfig:
-    raise InputError("remote-code models need their code files next to config.json",
-                     file=file, field="auto_map", fix="run on the checkpoint folder")
+    """Config and model classes from the checkpoint's own code (auto_map), when allowed."""
+    from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+    auto_map, folder = data["auto_map"], Path(file).parent
+    refs = [auto_map.get("AutoConfig"), auto_map.get("AutoModelForCausalLM")]
+    if not all(refs) or str(file).startswith("s3://"):
+        raise InputError("auto_map must name AutoConfig and AutoModelForCausalLM in local files",
+                         file=file, field="auto_map",
+                         fix="run on the local checkpoint folder that ships the model's code")
+    try:
+        with quiet_transformers():
+            config_cls, model_cls = (get_class_from_dynamic_module(ref, str(folder)) for ref in refs)
+            config = config_cls.from_dict({k: v for k, v in data.items() if k != "auto_map"})
+    except Exception as exc:  # the model's own code: any failure is the checkpoint's
+        raise InputError(f"the model's remote code does not load: {type(exc).__name__}: {exc}",
+                         file=file, field="auto_map",
+                         fix="ship the files auto_map names next to config.json") from None
+    notes.append(f"model code loaded from the checkpoint ({refs[1]}) because trust_remote_code is on")
+    return ResolvedConfig(config, model_cls, notes)
 
 
 @contextlib.contextmanager

@@ -187,11 +187,5 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def raise_for_outcome(outcome: StageOutcome) -> None:
-    """For callers that want an exception: StageError for a failed stage."""
-    if not outcome.ok:
-        raise StageError(outcome.error or "failed", field=outcome.stage)
-
-
 if __name__ == "__main__":
     sys.exit(main())
