@@ -10,7 +10,9 @@ FIXTURES    := tiny-llama tiny-qwen3moe tiny-deepseekv3
 DEMO_TARGET ?= cpu-bf16
 PYTEST_ARGS ?=
 
-.PHONY: demo test install fixtures bench clean
+DAY0_IMAGE  ?= day0:local
+
+.PHONY: demo test install fixtures bench clean docker-engine images image
 
 install: $(STAMP)
 
@@ -27,13 +29,24 @@ demo: $(STAMP)
 	    --text tests/fixtures/text/heldout.txt --out out/demo/$$m; \
 	done
 
-test: $(STAMP)
+# `make test` sets up Docker and builds the images itself: the tests marked `docker` always run.
+test: images
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# A Docker engine (installs/starts Debian's dockerd when none answers) + the compose v2 plugin.
+docker-engine: $(STAMP)
+	VENV=$(VENV) scripts/docker_engine.sh
+
+# day0/base:bookworm (debootstrap, cached), build/wheelhouse, $(DAY0_IMAGE); nothing is pulled.
+images: $(STAMP) docker-engine
+	VENV=$(VENV) DAY0_IMAGE=$(DAY0_IMAGE) TORCH_INDEX=$(or $(TORCH_INDEX),https://download.pytorch.org/whl/cpu) \
+	  scripts/build_images.sh
+image: images
 
 fixtures: $(STAMP)
 	$(PY) scripts/make_fixtures.py
 
-bench: $(STAMP)
+bench: images
 	@for b in bench/bench_*.py; do echo "=== $$b"; $(PY) $$b || exit 1; done
 
 clean:

@@ -99,6 +99,10 @@ def stage_key(spec: StageSpec) -> str:
         "trust_remote_code": inputs.trust_remote_code,
         "code": code_version(),
     }
+    if inputs.target.runner == "docker":  # the image is the target's software stack
+        from day0.runners.docker import image_id
+
+        material["image"] = image_id(inputs.target.container.image)
     return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
 
 

@@ -203,8 +203,13 @@ def cmd_serve(args) -> int:
 def cmd_targets(args) -> int:
     from day0.targets import available_targets
 
-    for t in available_targets().values():
-        print(f"{t.name:<12} {t.device:<6} {t.dtype:<9} plugins={len(t.plugins)}  {t.description}")
+    targets = available_targets().values()
+    width = max(len(t.name) for t in targets)
+    for t in targets:
+        runner = {"docker": f"docker:{t.container.image}" if t.container else "docker",
+                  "deployment": f"deployment:{t.deployment}"}.get(t.runner, t.runner)
+        print(f"{t.name:<{width}}  {t.device:<6} {t.dtype:<9} {runner:<20} plugins={len(t.plugins)}"
+              f"  {t.description}")
     return 0
 
 

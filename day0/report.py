@@ -23,6 +23,7 @@ class StageSummary(BaseModel):
     seconds: float
     failure: str | None = None
     error: str | None = None
+    ran_in: str = Field("", description="process, docker:IMAGE:CONTAINER or deployment:NAME:RUN_ID.")
 
 
 class Report(BaseModel):
@@ -63,7 +64,8 @@ def build(*, source: str, target: Target, reference: Target, outcomes: dict[str,
         verdict=verdict, source=source, target=target, reference=reference, gates=gate_results,
         model={k: analysis.get(k) for k in ("architecture", "model_type", "attention", "moe", "params")},
         stages={name: StageSummary(ok=o.ok, cached=o.cached, seconds=round(o.seconds, 3),
-                                   failure=o.failure, error=o.error) for name, o in outcomes.items()},
+                                   failure=o.failure, error=o.error, ran_in=o.ran_in)
+                for name, o in outcomes.items()},
         metrics=metrics,
         alignment={"first_divergent_layer": alignment.get("first_divergent_layer"),
                    "layers": alignment.get("layers", [])},
@@ -121,7 +123,8 @@ def to_markdown(report: Report) -> str:
         parts += ["## Errors\n"] + [f"- {e}" for e in report.errors] + [""]
     parts += ["## Gates\n", _table(gate_rows(report))]
     parts += ["## Stages\n", _table([{"stage": n, "ok": s.ok, "cached": s.cached,
-                                       "seconds": s.seconds, "error": s.error or ""}
+                                       "seconds": s.seconds, "ran in": s.ran_in,
+                                       "error": s.error or ""}
                                       for n, s in report.stages.items()])]
     if report.alignment.get("layers"):
         parts += ["## Per-layer relative error\n", _table(layer_rows(report))]

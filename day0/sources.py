@@ -189,6 +189,7 @@ def _download(client, bucket: str, info: ObjectInfo, dest: Path) -> None:
 
     where = f"s3://{bucket}/{info.key}"
     fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide the weights from stage containers' own uid
     tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -258,6 +259,7 @@ def materialize(source: str, *, client=None, log=None) -> Materialized:
 def _link_snapshot(path: Path, bucket: str, objects: dict[str, ObjectInfo]) -> None:
     """Build the snapshot folder of symlinks aside and rename it into place (atomic)."""
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
+    tmp.chmod(0o755)  # readable by stage containers running as another uid
     try:
         for name, info in objects.items():
             (tmp / name).symlink_to(Path("..") / ".." / "blobs" / _blob_id(bucket, info))

@@ -9,6 +9,7 @@ limit, streams the child's log lines, and turns a crash, timeout or OOM kill int
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import os
 import signal
 import subprocess
@@ -27,8 +28,9 @@ from day0.errors import ConfigError, Day0Error, InputError, StageError
 
 STAGES = {"analysis": "day0.analysis", "scan": "day0.scan", "alignment": "day0.alignment"}
 # "target": the stage ran but the target itself failed (e.g. its forward raised): a finding, FAIL.
-# "error", "crash", "timeout", "oom": the stage could not finish: ERROR.
-FailureKind = Literal["input", "config", "target", "error", "crash", "timeout", "oom"]
+# "error", "crash", "timeout", "oom", "image" (missing, or lacking a dependency): the stage could
+# not finish: ERROR.
+FailureKind = Literal["input", "config", "target", "error", "crash", "timeout", "oom", "image"]
 
 
 class StageSpec(BaseModel):
@@ -57,6 +59,8 @@ class StageOutcome(BaseModel):
     seconds: float = 0.0
     cached: bool = False
     log_tail: list[str] = Field(default_factory=list)
+    ran_in: str = Field("", description=(
+        "Where it ran: 'process', 'docker:IMAGE:CONTAINER', 'deployment:NAME:FLOW_RUN_ID'."))
 
 
 def stage_module(name: str):
@@ -82,6 +86,12 @@ def execute(spec: StageSpec) -> StageOutcome:
                 "target" if isinstance(exc, StageError) else "input")
         return StageOutcome(stage=spec.stage, ok=False, failure=kind, error=str(exc),
                             exit_code=exc.exit_code, seconds=time.monotonic() - started)
+    except (ImportError, importlib.metadata.PackageNotFoundError) as exc:
+        # the environment (image, venv) lacks a dependency: not a finding about the target
+        traceback.print_exc()
+        return StageOutcome(stage=spec.stage, ok=False, failure="image",
+                            error=f"the stage's environment lacks a dependency: {exc}",
+                            seconds=time.monotonic() - started)
     except MemoryError:
         return StageOutcome(stage=spec.stage, ok=False, failure="oom",
                             error="ran out of memory (MemoryError)", seconds=time.monotonic() - started)
@@ -160,7 +170,8 @@ def run_stage(spec: StageSpec, *, timeout_s: float, memory_limit_gib: float | No
                            f"{memory_limit_gib:g} GiB and was killed", proc.returncode, seconds, tail)
         if result_file.is_file():
             outcome = StageOutcome.model_validate_json(result_file.read_text())
-            return outcome.model_copy(update={"seconds": seconds, "log_tail": tail[-20:]})
+            return outcome.model_copy(update={"seconds": seconds, "log_tail": tail[-20:],
+                                              "ran_in": "process"})
         return _failed(spec, *_describe_exit(spec.stage, proc.returncode), proc.returncode,
                        seconds, tail)
 
@@ -177,7 +188,7 @@ def _describe_exit(stage: str, code: int) -> tuple[str, str]:
 
 def _failed(spec, kind, message, code, seconds, tail) -> StageOutcome:
     return StageOutcome(stage=spec.stage, ok=False, failure=kind, error=message, exit_code=code,
-                        seconds=seconds, log_tail=tail[-20:])
+                        seconds=seconds, log_tail=tail[-20:], ran_in="process")
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from day0.errors import ConfigError, Problem, did_you_mean
 from day0.yamlio import load_model, read_mapping
@@ -17,6 +17,34 @@ from day0.yamlio import load_model, read_mapping
 DATA = Path(__file__).parent / "data"
 KNOWN_DEVICES = ("cpu", "cuda", "xpu", "mps", "npu", "hpu", "mlu", "musa", "meta")
 SEARCH_PATHS = ("targets.yaml", "deploy/targets.yaml")
+
+
+class ContainerSettings(BaseModel):
+    """How the docker runner starts a stage container (``runner: docker``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    image: str = Field(description=(
+        "Image holding Python, torch and day0 (the vendor stack + day0, see Dockerfile); "
+        "it is never pulled implicitly: build it (`make image`) or `docker pull` it first."))
+    gpus: Literal["all"] | int | list[str] | None = Field(None, description=(
+        "GPU device request like `docker run --gpus`: 'all', a count, or device ids."))
+    devices: list[str] = Field(default_factory=list, description=(
+        "Device nodes passed through, 'HOST[:CONTAINER[:PERMS]]', e.g. /dev/davinci0."))
+    env: dict[str, str] = Field(default_factory=dict, description=(
+        "Extra environment of the stage container (e.g. the vendor's visible-devices variable)."))
+    shm_size: str = Field("1g", description="Size of /dev/shm (dataloaders, NCCL/HCCL), e.g. 8g.")
+    network: Literal["none", "host"] = Field("none", description=(
+        "'none' isolates the stage (weights are mounted, nothing is downloaded); 'host' when the "
+        "target must reach a device service or an s3:// source directly."))
+    user: str = Field("10001:10001", description="uid:gid the stage runs as (never root).")
+
+    @field_validator("user")
+    @classmethod
+    def _not_root(cls, value: str) -> str:
+        if value.split(":")[0] in ("0", "root"):
+            raise ValueError("stages never run as root; use a non-root uid:gid such as 10001:10001")
+        return value
 
 
 class Target(BaseModel):
@@ -31,7 +59,16 @@ class Target(BaseModel):
     plugins: list[str] = Field(default_factory=list, description=(
         "Python module names or .py file paths exposing apply(model) -> None; run on the target "
         "side after weights load, before any check (ported kernels, patches, fault injection)."))
-    runner: Literal["process"] = Field("process", description="How stages are isolated.")
+    runner: Literal["process", "docker", "deployment"] = Field("process", description=(
+        "How stages are isolated: 'process' (a subprocess here), 'docker' (a container of "
+        "`container.image` via the Docker socket), 'deployment' (a Prefect deployment of the "
+        "day0-stage flow on a work pool, possibly on another machine)."))
+    container: ContainerSettings | None = Field(None, description="Required with runner: docker.")
+    deployment: str | None = Field(None, description=(
+        "With runner: deployment, the stage deployment 'day0-stage/NAME' (see deploy/prefect.yaml)."))
+    concurrency: int = Field(1, ge=1, description=(
+        "Stages of one validation running at once on this target; 1 = the device is never "
+        "shared by two stages."))
     timeout_s: float = Field(1800.0, gt=0, description="Wall-clock limit per stage, seconds.")
     memory_limit_gib: float | None = Field(
         None, gt=0, description="Resident-memory limit per stage process; exceeded = stage fails.")
@@ -51,6 +88,16 @@ class Target(BaseModel):
             raise ValueError(f"unknown device '{value}';{did_you_mean(base, KNOWN_DEVICES)} "
                              f"known: {', '.join(KNOWN_DEVICES)}")
         return value
+
+    @model_validator(mode="after")
+    def _runner_settings(self) -> "Target":
+        if self.runner == "docker" and self.container is None:
+            raise ValueError("runner: docker needs a 'container' section with at least 'image'")
+        if self.runner == "deployment" and not self.deployment:
+            raise ValueError("runner: deployment needs 'deployment: day0-stage/NAME'")
+        if self.container is not None and self.runner != "docker":
+            raise ValueError(f"'container' is only used with runner: docker (runner is {self.runner})")
+        return self
 
     @property
     def label(self) -> str:
@@ -107,4 +154,4 @@ def resolve_target(name: str | None = None, file: str | None = None) -> Target:
     return targets[name]
 
 
-__all__ = ["Target", "REFERENCE", "available_targets", "resolve_target", "Problem"]
+__all__ = ["Target", "ContainerSettings", "REFERENCE", "available_targets", "resolve_target", "Problem"]

@@ -7,13 +7,15 @@ from prefect.cache_policies import NO_CACHE
 
 from day0 import cache
 from day0.contract import StageInputs
-from day0.stage import StageOutcome, StageSpec, run_stage
+from day0.runners import run_on_target
+from day0.stage import StageOutcome, StageSpec
 
 
 @task(name="stage", task_run_name="{stage}", cache_policy=NO_CACHE)
 def run_stage_task(stage: str, config: dict, inputs: StageInputs, use_cache: bool = True
                    ) -> StageOutcome:
-    """Run `stage` in a subprocess; a crash becomes a failed outcome, never a crashed flow."""
+    """Run `stage` with the target's runner (subprocess, container or stage deployment), bounded
+    by the target's concurrency; a crash becomes a failed outcome, never a crashed flow."""
     logger = get_run_logger()
     spec = StageSpec(stage=stage, config=config, inputs=inputs)
     key = cache.stage_key(spec)
@@ -21,12 +23,10 @@ def run_stage_task(stage: str, config: dict, inputs: StageInputs, use_cache: boo
         logger.info("stage %s: cache hit %s (weights, target, config and code unchanged)",
                     stage, key[:12])
         return hit
-    outcome = run_stage(spec, timeout_s=inputs.target.timeout_s,
-                        memory_limit_gib=inputs.target.memory_limit_gib,
-                        log=lambda line: logger.info("[%s] %s", stage, line))
+    outcome = run_on_target(spec, inputs.target, log=lambda line: logger.info("[%s] %s", stage, line))
     if outcome.ok:
         cache.store(key, outcome)
-        logger.info("stage %s finished in %.1f s", stage, outcome.seconds)
+        logger.info("stage %s finished in %.1f s (%s)", stage, outcome.seconds, outcome.ran_in)
     else:
         logger.error("stage %s failed (%s): %s", stage, outcome.failure, outcome.error)
     return outcome

@@ -51,3 +51,26 @@ def s3_server(tmp_path_factory):
     server = start_s3_server(tmp_path_factory.mktemp("seaweedfs"))
     yield server
     server.stop()
+
+
+DAY0_IMAGE = os.environ.get("DAY0_TEST_IMAGE", "day0:local")
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    """The local Docker engine, with the day0 image built; tests marked `docker` need both and
+    fail (never skip) without them: `make test` starts the engine and builds the image first."""
+    import docker
+    from docker.errors import DockerException, ImageNotFound
+
+    try:
+        client = docker.from_env()
+        client.ping()
+    except DockerException as exc:
+        pytest.fail(f"Docker engine not reachable ({exc}): run `make docker-engine`")
+    try:
+        client.images.get(DAY0_IMAGE)
+    except ImageNotFound:
+        pytest.fail(f"image {DAY0_IMAGE} missing: run `make images`")
+    yield client
+    client.close()

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import MODELS
+from tests.procs import stop_group
 
 pytestmark = pytest.mark.integration
 
@@ -39,11 +39,7 @@ def served(prefect_server, tmp_path_factory):
         else:
             pytest.fail("deployment never appeared: " + log.read_text()[-3000:])
     yield env
-    os.killpg(proc.pid, signal.SIGINT)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+    stop_group(proc)
 
 
 def test_validate_on_deployment_reaches_verdict(served):
@@ -80,7 +76,8 @@ def test_prefect_yaml_deploys_to_a_process_pool(prefect_server, tmp_path):
     root = MODELS.parents[2]
     subprocess.run([prefect, "work-pool", "create", "day0-process", "--type", "process"],
                    capture_output=True, text=True, timeout=120, env=env, cwd=root)
-    proc = subprocess.run([prefect, "--no-prompt", "deploy", "--prefect-file", "deploy/prefect.yaml", "--all"],
+    proc = subprocess.run([prefect, "--no-prompt", "deploy", "--prefect-file", "deploy/prefect.yaml",
+                           "--name", "day0"],
                           capture_output=True, text=True, timeout=300, env=env, cwd=root)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     from prefect.client.orchestration import get_client
