@@ -249,6 +249,8 @@ COMMANDS = {"analyze": cmd_analyze, "scan": cmd_scan, "validate": cmd_validate, 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    # the temporary local server would try to phone home; day0 runs where only registries answer
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     try:
         return COMMANDS[args.command](args)
     except Day0Error as exc:
