@@ -75,7 +75,8 @@ def _plugin_sources(plugins: list[str]) -> list[str]:
     return out
 
 
-def _weights_key(source: str) -> str:
+def weights_key(source: str) -> str:
+    """The weights part of a stage key: computed once per validation, shared by its stages."""
     if str(source).startswith("s3://"):
         from day0.errors import Day0Error
 
@@ -86,12 +87,13 @@ def _weights_key(source: str) -> str:
     return weights_digest(source) if Path(source).exists() else source
 
 
-def stage_key(spec: StageSpec) -> str:
+def stage_key(spec: StageSpec, weights: str | None = None) -> str:
+    """weights: weights_key(source) when the caller already has it (one LIST per run on s3)."""
     inputs = spec.inputs
     material = {
         "stage": spec.stage,
         "config": spec.config,
-        "weights": _weights_key(inputs.source),
+        "weights": weights or weights_key(inputs.source),
         "target": inputs.target.model_dump(mode="json"),
         "plugins": _plugin_sources(inputs.target.plugins),
         "reference": inputs.reference.model_dump(mode="json"),

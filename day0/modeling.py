@@ -36,16 +36,6 @@ def config_path(source: str | Path) -> Path:
     return path
 
 
-def config_file(source: str | Path) -> str:
-    """Where config.json is, for messages: a local path or an s3:// URI."""
-    if str(source).startswith("s3://"):
-        from day0.storage import parse_s3_uri
-
-        u = parse_s3_uri(source)
-        return str(u if u.key.endswith(".json") else u.child("config.json"))
-    return str(config_path(source))
-
-
 def parse_config_json(raw: bytes, where: str) -> dict:
     """config.json bytes -> dict, or an InputError naming where it came from."""
     try:

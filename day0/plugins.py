@@ -23,7 +23,8 @@ from day0.errors import PluginError, did_you_mean
 FIELD = "plugins"
 
 
-def _is_path(spec: str) -> bool:
+def is_file_plugin(spec: str) -> bool:
+    """A plugin given as a .py file path (else a module name)."""
     return spec.endswith(".py") or "/" in spec or "\\" in spec
 
 
@@ -83,7 +84,7 @@ def load_plugin(spec: str) -> Callable:
         raise PluginError(f"plugin spec {spec!r} is empty", field=FIELD,
                           fix="give a module name or a .py file path")
     spec = spec.strip()
-    module = _load_file(spec) if _is_path(spec) else _load_module(spec)
+    module = _load_file(spec) if is_file_plugin(spec) else _load_module(spec)
     apply = getattr(module, "apply", None)
     origin = getattr(module, "__file__", None)
     if apply is None:
@@ -125,4 +126,4 @@ def apply_plugins(model, specs: Iterable[str]) -> list[str]:
     return specs
 
 
-__all__ = ["load_plugin", "apply_plugins"]
+__all__ = ["load_plugin", "apply_plugins", "is_file_plugin"]

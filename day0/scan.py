@@ -139,16 +139,16 @@ def common_ops() -> list[str]:
 def run(config: Config, inputs: StageInputs) -> Result:
     import torch
 
-    from day0.modeling import config_file, read_config_dict, resolve_config
+    from day0.modeling import resolve_config
     from day0.scan_meta import meta_scan
+    from day0.sources import read_config
 
     start = time.perf_counter()
     target = inputs.target
     manifest = None
     if target.op_manifest:
         manifest = _matcher(read_op_list(target.op_manifest, "op_manifest"))
-    file = config_file(inputs.source)
-    data = read_config_dict(inputs.source)
+    data, file = read_config(inputs.source)  # s3: one LIST + one GET
     dtype = getattr(torch, target.dtype)
 
     def resolved():  # the probe needs its own copy: the meta scan sets implementation fields

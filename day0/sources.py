@@ -19,7 +19,6 @@ import json
 import os
 import shutil
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,74 +59,6 @@ def weights_digest(source: str) -> str:
     """Digest of an s3:// checkpoint from one LIST (keys, ETags, sizes); no data is read."""
     _, objects = checkpoint_objects(source)
     return listing_digest(wanted_objects(objects))
-
-
-@dataclass
-class Completeness:
-    """Is an s3:// checkpoint fully uploaded? (the receiver's test before submitting a run)"""
-
-    complete: bool
-    reason: str
-    missing: list[str] = field(default_factory=list)
-    objects: dict[str, ObjectInfo] = field(default_factory=dict)
-    digest: str | None = None  # weights_digest when complete
-
-
-def completeness(source: str, *, verify_headers: bool = True) -> Completeness:
-    """config.json present; with an index, every shard it names present; else at least one
-    safetensors file. verify_headers: each shard's header read (ranged GETs) and its data length
-    checked against the object's size, so a shard still being written is not complete.
-    InputError only for a store/bucket that cannot be read; an empty prefix is 'incomplete'."""
-    from day0.checkpoint import data as ckpt_data
-    from day0.storage import S3Reader, list_objects
-
-    files = ckpt_data()["files"]
-    objects = wanted_objects(list_objects(source))
-    if CONFIG not in objects:
-        return Completeness(False, "config.json not uploaded yet", [CONFIG], objects)
-    shards = sorted(n for n in objects if n.endswith(".safetensors"))
-    if files["index"] in objects:
-        raw = read_object(f"s3://{parse_s3_uri(source).bucket}/{objects[files['index']].key}")
-        try:
-            named = sorted(set(json.loads(raw.decode("utf-8"))["weight_map"].values()))
-        except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            return Completeness(False, f"index unreadable ({type(exc).__name__})", [], objects)
-        missing = [s for s in named if s not in objects]
-        if missing:
-            return Completeness(False, f"{len(missing)} of {len(named)} shards not uploaded yet",
-                                missing, objects)
-        shards = named
-    elif not shards:
-        return Completeness(False, "no safetensors uploaded yet", [files["single"]], objects)
-    if verify_headers:
-        reader = S3Reader(source)
-        for shard in shards:
-            short = _short_by(reader, shard)
-            if short:
-                return Completeness(False, f"{shard} is {short} bytes shorter than its header "
-                                           "says (still being written?)", [shard], objects)
-    return Completeness(True, f"config.json and {len(shards)} shards present", [], objects,
-                        listing_digest(objects))
-
-
-def _short_by(reader, shard: str) -> int:
-    """Bytes a shard lacks per its own header (0: whole; a corrupt header also gives 0, so the
-    analysis stage gets to report it instead of the checkpoint waiting forever)."""
-    import struct
-
-    size = reader.size(shard)
-    if size < 8:
-        return 8 - size
-    (length,) = struct.unpack("<Q", reader.read_range(shard, 0, 8))
-    if 8 + length > size:
-        return 8 + length - size if length < 100 * 2**20 else 0
-    try:
-        header = json.loads(reader.read_range(shard, 8, length).decode("utf-8"))
-        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"),
-                  default=0)
-    except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError, IndexError):
-        return 0
-    return max(0, 8 + length + end - size)
 
 
 def read_config(source: str | Path) -> tuple[dict, str]:
@@ -276,15 +207,13 @@ def _link_snapshot(path: Path, bucket: str, objects: dict[str, ObjectInfo]) -> N
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-_local_lock = threading.Lock()
-
-
 def local_checkpoint(source: str, *, log=None) -> str:
-    """source itself when local; the materialized snapshot folder for s3://."""
+    """source itself when local; the materialized snapshot folder for s3:// (safe to call from
+    several threads or processes at once: blobs are fetched under a file lock, the snapshot
+    folder is renamed into place)."""
     if not is_s3(source):
         return source
-    with _local_lock:
-        return str(materialize(source, log=log).path)
+    return str(materialize(source, log=log).path)
 
 
 def model_name(source: str) -> str:
@@ -297,5 +226,5 @@ def model_name(source: str) -> str:
     return (path.parent if path.is_file() else path).resolve().name or "model"
 
 
-__all__ = ["Completeness", "completeness", "Materialized", "materialize", "local_checkpoint", "read_config", "weights_digest",
+__all__ = ["Materialized", "materialize", "local_checkpoint", "read_config", "weights_digest",
            "listing_digest", "wanted_objects", "model_name", "cache_root", "STREAM_LIMIT"]

@@ -99,9 +99,13 @@ def client_settings() -> dict:
             "connect_timeout": connect_timeout}
 
 
-def s3_client():
-    """A boto3 S3 client from the AWS settings plus DAY0_S3_* overrides (cached per settings)."""
+def s3_client(**overrides):
+    """A boto3 S3 client from the AWS settings plus DAY0_S3_* overrides (cached per settings);
+    keyword overrides that are not None (endpoint, region, access_key, secret_key) win."""
     settings = client_settings()
+    settings.update({k: v for k, v in overrides.items() if v is not None})
+    if overrides.get("endpoint") and not os.environ.get("DAY0_S3_ADDRESSING"):
+        settings["addressing"] = "path"  # as for DAY0_S3_ENDPOINT: MinIO/Ceph by host name
     return _client(tuple(sorted(settings.items())))
 
 
@@ -126,16 +130,12 @@ def _client(settings: tuple):
                           **kwargs)
 
 
-def endpoint_of(client) -> str:
-    return client.meta.endpoint_url
-
-
 def translate_error(exc: Exception, uri: str | S3Uri, client=None) -> InputError:
     """An InputError (file = the URI, with a fix) for a boto3/botocore failure."""
     import botocore.exceptions as bx
 
     where = str(uri)
-    endpoint = endpoint_of(client) if client is not None else (client_settings()["endpoint"] or "AWS S3")
+    endpoint = client.meta.endpoint_url if client is not None else (client_settings()["endpoint"] or "AWS S3")
     if isinstance(exc, (bx.NoCredentialsError, bx.PartialCredentialsError,
                         bx.CredentialRetrievalError)):
         return InputError(f"no S3 credentials ({type(exc).__name__})", file=where,
@@ -282,17 +282,12 @@ def _suggest(u: S3Uri, client) -> str:
 
 # --------------------------------------------------------------------------- reading
 
-def read_object(uri: str | S3Uri, *, client=None, start: int = 0, length: int | None = None
-                ) -> bytes:
-    """Bytes of an object (or of the range start..start+length)."""
+def read_object(uri: str | S3Uri, *, client=None) -> bytes:
+    """Bytes of a whole object (S3Reader does the ranged reads)."""
     u = parse_s3_uri(uri)
     client = client or s3_client()
-    args = {"Bucket": u.bucket, "Key": u.key}
-    if start or length is not None:
-        end = "" if length is None else str(start + length - 1)
-        args["Range"] = f"bytes={start}-{end}"
     with _Guard(u, client):
-        return client.get_object(**args)["Body"].read()
+        return client.get_object(Bucket=u.bucket, Key=u.key)["Body"].read()
 
 
 class S3Reader:
@@ -319,9 +314,6 @@ class S3Reader:
 
     def size(self, name: str) -> int:
         return self._objects[name].size
-
-    def etag(self, name: str) -> str:
-        return self._objects[name].etag
 
     def location(self, name: str) -> str:
         info = self._objects.get(name)
@@ -415,14 +407,10 @@ def default_revision(source: str) -> str:
     'latest' when the source cannot be read."""
     from day0.errors import Day0Error
 
+    from day0.cache import weights_digest
+
     try:
-        if is_s3(source):
-            from day0.sources import weights_digest
-
-            return weights_digest(source)[:12]
-        if Path(source).exists():
-            from day0.cache import weights_digest
-
+        if is_s3(source) or Path(source).exists():
             return weights_digest(source)[:12]
     except Day0Error:
         pass
@@ -431,7 +419,7 @@ def default_revision(source: str) -> str:
 
 def results_location(results_uri: str | None, source: str, target_name: str,
                      revision: str | None = None) -> str | None:
-    """Where publish_results writes: ``<base>/<model>/<revision>/<target>/``.
+    """Where day0.report.publish_to_store writes: ``<base>/<model>/<revision>/<target>/``.
 
     base: results_uri, else $DAY0_RESULTS_URI, else ``s3://<source bucket>/day0-results`` for an
     s3 source; None (nothing to publish) for a local source without either. model: the source's
@@ -451,17 +439,6 @@ def results_location(results_uri: str | None, source: str, target_name: str,
         u = parse_s3_uri(base)
         return str(S3Uri(u.bucket, "/".join([u.key, *parts] if u.key else parts))) + "/"
     return str(Path(base).joinpath(*parts)) + "/"
-
-
-def publish_results(results_uri: str | None, source: str, target_name: str,
-                    files: dict[str, bytes | str | Path], revision: str | None = None,
-                    *, client=None) -> str | None:
-    """Write files (name -> bytes, or a local file's path; names may contain '/') under
-    results_location(); returns that location, or None when there is nowhere to publish."""
-    where = results_location(results_uri, source, target_name, revision)
-    if where is not None:
-        write_results(where, files, client=client)
-    return where
 
 
 def write_results(where: str, files: dict[str, bytes | str | Path], *, client=None) -> None:
@@ -486,4 +463,4 @@ def write_results(where: str, files: dict[str, bytes | str | Path], *, client=No
 __all__ = ["S3Uri", "ObjectInfo", "S3Reader", "is_s3", "parse_s3_uri", "s3_client",
            "client_settings", "translate_error", "list_objects", "head_object",
            "checkpoint_objects", "read_object", "put_object", "HEADER_PROBE_BYTES",
-           "publish_results", "results_location", "write_results", "default_revision", "RESULTS_FOLDER"]
+           "results_location", "write_results", "default_revision", "RESULTS_FOLDER"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from prefect import flow, get_run_logger
 
+from day0 import cache
 from day0 import gates as gating
 from day0 import report as reporting
 from day0.contract import StageInputs
@@ -34,10 +35,13 @@ def validate(source: str, target: str | None = "cpu-bf16", target_file: str | No
     inputs = StageInputs(source=source, target=target_profile, reference=REFERENCE,
                          trust_remote_code=trust_remote_code)
 
-    outcomes = {"analysis": run_stage_task("analysis", configs.get("analysis", {}), inputs, use_cache)}
+    weights = cache.weights_key(source)  # once: every stage's cache key shares it
+    outcomes = {"analysis": run_stage_task("analysis", configs.get("analysis", {}), inputs,
+                                           use_cache, weights)}
     if outcomes["analysis"].ok:
         downstream = inputs.model_copy(update={"upstream": {"analysis": outcomes["analysis"].result}})
-        futures = {name: run_stage_task.submit(name, configs.get(name, {}), downstream, use_cache)
+        futures = {name: run_stage_task.submit(name, configs.get(name, {}), downstream, use_cache,
+                                               weights)
                    for name in ("scan", "alignment")}
         outcomes.update({name: future.result() for name, future in futures.items()})
 

@@ -12,13 +12,13 @@ from day0.stage import StageOutcome, StageSpec
 
 
 @task(name="stage", task_run_name="{stage}", cache_policy=NO_CACHE)
-def run_stage_task(stage: str, config: dict, inputs: StageInputs, use_cache: bool = True
-                   ) -> StageOutcome:
+def run_stage_task(stage: str, config: dict, inputs: StageInputs, use_cache: bool = True,
+                   weights: str | None = None) -> StageOutcome:
     """Run `stage` with the target's runner (subprocess, container or stage deployment), bounded
     by the target's concurrency; a crash becomes a failed outcome, never a crashed flow."""
     logger = get_run_logger()
     spec = StageSpec(stage=stage, config=config, inputs=inputs)
-    key = cache.stage_key(spec)
+    key = cache.stage_key(spec, weights)
     if use_cache and (hit := cache.load(key)) is not None:
         logger.info("stage %s: cache hit %s (weights, target, config and code unchanged)",
                     stage, key[:12])

@@ -53,7 +53,7 @@ def s3_server(tmp_path_factory):
     server.stop()
 
 
-DAY0_IMAGE = os.environ.get("DAY0_TEST_IMAGE", "day0:local")
+DAY0_IMAGE = os.environ.get("DAY0_IMAGE", "day0:local")  # as `make images` tagged it
 
 
 @pytest.fixture(scope="session")

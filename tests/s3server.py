@@ -135,6 +135,11 @@ class S3Server:
                 "DAY0_S3_ACCESS_KEY": self.access_key, "DAY0_S3_SECRET_KEY": self.secret_key,
                 "DAY0_S3_ADDRESSING": "path"}
 
+    def receiver_s3(self) -> dict[str, str]:
+        """The receiver's `s3:` settings (day0/receiver/settings.py) for this server."""
+        return {"endpoint_url": self.endpoint, "region": self.region,
+                "access_key_id": self.access_key, "secret_access_key": self.secret_key}
+
     def client(self):
         import boto3
         from botocore.config import Config

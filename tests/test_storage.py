@@ -207,12 +207,20 @@ def test_alignment_stage_on_s3_matches_local(s3):
 
 # --------------------------------------------------------------------------- results
 
+def publish(results_uri, source, target_name, files, revision=None):
+    """What day0.report.publish_to_store does with the files of a report."""
+    where = storage.results_location(results_uri, source, target_name, revision)
+    if where is not None:
+        storage.write_results(where, files)
+    return where
+
+
 @pytest.mark.integration
 def test_publish_results_default_and_overrides(s3, monkeypatch, tmp_path):
     uri = s3.upload()
     files = {"report.json": b'{"verdict": "PASS"}', "report.md": b"# PASS",
              "stages/analysis.json": b"{}"}
-    where = storage.publish_results(None, uri, "cpu-bf16", files)
+    where = publish(None, uri, "cpu-bf16", files)
     digest = sources.weights_digest(uri)[:12]
     assert where == f"s3://models/day0-results/{s3.prefix}/{digest}/cpu-bf16/"
     client = s3.server.client()
@@ -221,19 +229,19 @@ def test_publish_results_default_and_overrides(s3, monkeypatch, tmp_path):
     assert got["Body"].read() == files["report.json"] and got["ContentType"] == "application/json"
     assert client.head_object(Bucket="models", Key=base + "stages/analysis.json")["ContentLength"] == 2
 
-    assert storage.publish_results(None, uri, "cpu-bf16", files, revision="v1.0/rc 2") == \
+    assert publish(None, uri, "cpu-bf16", files, revision="v1.0/rc 2") == \
         f"s3://models/day0-results/{s3.prefix}/v1.0-rc-2/cpu-bf16/"
     s3.server.create_bucket("reports")
     monkeypatch.setenv("DAY0_RESULTS_URI", "s3://reports/nightly")
-    assert storage.publish_results(None, uri, "cpu-bf16", files, revision="abc") == \
+    assert publish(None, uri, "cpu-bf16", files, revision="abc") == \
         f"s3://reports/nightly/{s3.prefix}/abc/cpu-bf16/"
     assert client.head_object(Bucket="reports", Key=f"nightly/{s3.prefix}/abc/cpu-bf16/report.md")
     # a local folder as the results location, for a local source
-    out = storage.publish_results(str(tmp_path / "res"), str(LLAMA), "cpu-bf16", files, revision="r1")
+    out = publish(str(tmp_path / "res"), str(LLAMA), "cpu-bf16", files, revision="r1")
     assert (tmp_path / "res" / "tiny-llama" / "r1" / "cpu-bf16" / "report.md").read_bytes() == b"# PASS"
     assert out.endswith("tiny-llama/r1/cpu-bf16/")
     monkeypatch.delenv("DAY0_RESULTS_URI")
-    assert storage.publish_results(None, str(LLAMA), "cpu-bf16", files) is None
+    assert publish(None, str(LLAMA), "cpu-bf16", files) is None
 
 
 # --------------------------------------------------------------------------- errors
@@ -370,21 +378,6 @@ def test_flow_publish_step_writes_report_and_stages(s3):
     # a local source without DAY0_RESULTS_URI publishes nothing
     local = report.model_copy(update={"source": str(LLAMA), "results_uri": None})
     assert publish_to_store(local, outcomes) is None and local.results_uri is None
-
-
-@pytest.mark.integration
-def test_completeness_waits_for_every_shard(s3):
-    uri = s3.upload(skip=(SHARDS[2],))
-    state = sources.completeness(uri)
-    assert not state.complete and state.missing == [SHARDS[2]] and state.digest is None
-    data = (LLAMA / SHARDS[2]).read_bytes()
-    s3.put(SHARDS[2], data[: len(data) // 2])  # a shard not fully written yet
-    state = sources.completeness(uri)
-    assert not state.complete and state.missing == [SHARDS[2]] and "shorter" in state.reason
-    s3.put(SHARDS[2], data)
-    state = sources.completeness(uri)
-    assert state.complete and state.digest == sources.weights_digest(uri)
-    assert not sources.completeness(uri + "-nothing-here").complete
 
 
 @pytest.mark.integration

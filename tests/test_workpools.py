@@ -254,8 +254,6 @@ def _validate(model: Path, text: Path, target: dict, tmp_path: Path) -> dict:
     return state.result()
 
 
-
-
 @pytest.mark.docker
 @pytest.mark.slow
 def test_docker_worker_runs_stages_in_containers(pools, docker_client, tmp_path, monkeypatch):

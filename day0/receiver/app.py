@@ -13,6 +13,7 @@ import asyncio
 import fnmatch
 import ipaddress
 import logging
+import posixpath
 import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +26,7 @@ from fastapi.responses import JSONResponse
 
 from day0.receiver import auth
 from day0.receiver.auth import AuthError
-from day0.receiver.completeness import Checker, StoreError, make_client, relevant, split_key
+from day0.receiver.completeness import Checker, StoreError, make_client, relevant
 from day0.receiver.events import (BadRequest, ObjectEvent, Release, parse_hf, parse_json,
                                   parse_release, parse_s3, parse_seaweedfs)
 from day0.receiver.journal import Journal, ReleaseRow
@@ -119,8 +120,7 @@ class Receiver:
         rows = []
         for ev in events:
             if relevant(ev.bucket, ev.key, rules):
-                prefix, _ = split_key(ev.key)
-                rows.append((ev.bucket, prefix, ev.key, ev.size, ev.etag))
+                rows.append((ev.bucket, posixpath.dirname(ev.key)))
         if not rows:
             return _reply(200, status="ignored",
                           reason="no checkpoint file (config.json, index, *.safetensors) in the event")

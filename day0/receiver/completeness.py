@@ -58,30 +58,15 @@ class CheckResult:
 
 
 def make_client(cfg: S3Settings):
-    """boto3 S3 client: explicit settings first, else day0.storage's factory (DAY0_S3_* env)."""
-    explicit = any(v is not None for v in (cfg.endpoint_url, cfg.region, cfg.access_key_id,
-                                           cfg.secret_access_key))
-    if not explicit:
-        from day0.storage import s3_client  # the project-wide factory (DAY0_S3_*, AWS settings)
+    """The project's S3 client (day0.storage: DAY0_S3_*, AWS settings) with the receiver's
+    explicit s3: settings on top."""
+    from day0.storage import s3_client
 
-        return s3_client()
-    import boto3
-    from botocore.config import Config
+    def value(secret):
+        return secret.get_secret_value() if secret is not None else None
 
-    def value(s):
-        return s.get_secret_value() if s is not None else None
-
-    return boto3.client("s3", endpoint_url=cfg.endpoint_url, region_name=cfg.region or "us-east-1",
-                        aws_access_key_id=value(cfg.access_key_id),
-                        aws_secret_access_key=value(cfg.secret_access_key),
-                        config=Config(retries={"max_attempts": 3, "mode": "standard"},
-                                      connect_timeout=5, read_timeout=30))
-
-
-def split_key(key: str) -> tuple[str, str]:
-    """'a/b/config.json' -> ('a/b', 'config.json'); the prefix is the checkpoint's folder."""
-    prefix, name = posixpath.split(key)
-    return prefix, name
+    return s3_client(endpoint=cfg.endpoint_url, region=cfg.region,
+                     access_key=value(cfg.access_key_id), secret_key=value(cfg.secret_access_key))
 
 
 def relevant(bucket: str, key: str, rules: CheckpointSettings) -> bool:

@@ -5,7 +5,6 @@ a receiver killed at any moment loses nothing it acknowledged. Tables:
 
 - releases: one row per (model, revision, target) -- the UNIQUE key *is* the idempotency of
   the whole receiver; status pending -> submitted (with the Prefect flow run id).
-- objects:  last seen state of every object an object-store event named.
 - prefixes: one row per (bucket, prefix) that may hold a checkpoint; `generation` counts the
   events recorded, `checked` the generation the last completeness check covered, so a
   prefix with generation > checked still needs a check (also after a restart).
@@ -38,14 +37,6 @@ CREATE TABLE IF NOT EXISTS releases (
     UNIQUE (model, revision, target)
 );
 CREATE INDEX IF NOT EXISTS releases_pending ON releases (status, next_attempt);
-CREATE TABLE IF NOT EXISTS objects (
-    bucket TEXT NOT NULL,
-    key TEXT NOT NULL,
-    size INTEGER,
-    etag TEXT,
-    seen_at REAL NOT NULL,
-    PRIMARY KEY (bucket, key)
-);
 CREATE TABLE IF NOT EXISTS prefixes (
     bucket TEXT NOT NULL,
     prefix TEXT NOT NULL,
@@ -172,18 +163,13 @@ class Journal:
 
     # ---- object-store events -------------------------------------------------------------
 
-    def record_objects(self, events: list[tuple[str, str, str, int | None, str | None]]
-                       ) -> dict[tuple[str, str], int]:
-        """Record (bucket, prefix, key, size, etag) events; returns each prefix's new generation."""
-        now = time.time()
+    def record_objects(self, prefixes: list[tuple[str, str]]) -> dict[tuple[str, str], int]:
+        """Count one event per (bucket, prefix) (the store, not the event, is asked whether a
+        checkpoint is complete); returns each prefix's new generation."""
 
         def fn(db: sqlite3.Connection) -> dict[tuple[str, str], int]:
             out = {}
-            for bucket, prefix, key, size, etag in events:
-                db.execute("INSERT INTO objects (bucket, key, size, etag, seen_at) VALUES (?,?,?,?,?)"
-                           " ON CONFLICT (bucket, key) DO UPDATE SET size = excluded.size,"
-                           " etag = excluded.etag, seen_at = excluded.seen_at",
-                           (bucket, key, size, etag, now))
+            for bucket, prefix in prefixes:
                 db.execute("INSERT INTO prefixes (bucket, prefix, generation) VALUES (?, ?, 1)"
                            " ON CONFLICT (bucket, prefix) DO UPDATE SET generation = generation + 1,"
                            " next_check = 0", (bucket, prefix))
@@ -214,18 +200,12 @@ class Journal:
 
         return self._write(fn)
 
-    def defer_check(self, bucket: str, prefix: str, delay_s: float, error: str) -> int:
-        """The store could not be read: retry later; returns the number of failures so far."""
+    def defer_check(self, bucket: str, prefix: str, delay_s: float, error: str) -> None:
+        """The store could not be read: count the failure and retry later."""
         when = time.time() + delay_s
-
-        def fn(db: sqlite3.Connection) -> int:
-            db.execute("UPDATE prefixes SET failures = failures + 1, next_check = ?, state = 'error',"
-                       " detail = ? WHERE bucket = ? AND prefix = ?", (when, error[:2000], bucket, prefix))
-            row = db.execute("SELECT failures FROM prefixes WHERE bucket = ? AND prefix = ?",
-                             (bucket, prefix)).fetchone()
-            return row[0] if row else 0
-
-        return self._write(fn)
+        self._write(lambda db: db.execute(
+            "UPDATE prefixes SET failures = failures + 1, next_check = ?, state = 'error', detail = ?"
+            " WHERE bucket = ? AND prefix = ?", (when, error[:2000], bucket, prefix)))
 
     def due_prefixes(self, now: float | None = None) -> list[tuple[str, str, int]]:
         """Prefixes with events no check has covered yet, as (bucket, prefix, failures)."""

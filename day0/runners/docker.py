@@ -29,12 +29,12 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from day0.plugins import is_file_plugin
 from day0.stage import StageOutcome, StageSpec
 from day0.targets import Target
 
 LABEL = "day0.stage"
 MISSING_MODULE = re.compile(r"(ModuleNotFoundError|ImportError): (.*)")
-_UNREACHABLE = ("Docker engine not reachable", "start dockerd (make docker-engine) or set DOCKER_HOST")
 
 
 def shared_volumes() -> list[tuple[str, str]]:
@@ -81,7 +81,7 @@ def _prepare(spec: StageSpec, log: Callable[[str], None]) -> tuple[StageSpec, di
         mounts[source if Path(source).is_dir() else str(Path(source).parent)] = True
     plugins = []
     for plugin in inputs.target.plugins:
-        if plugin.endswith(".py") or os.sep in plugin:
+        if is_file_plugin(plugin):
             plugin = str(Path(plugin).resolve())
             mounts[plugin] = True
         plugins.append(plugin)
@@ -171,7 +171,8 @@ def run_in_container(spec: StageSpec, target: Target, log: Callable[[str], None]
         client = client or docker.from_env()
         client.ping()
     except DockerException as exc:
-        return failed("error", f"{_UNREACHABLE[0]} ({exc}); {_UNREACHABLE[1]}")
+        return failed("error", f"Docker engine not reachable ({exc}); start dockerd "
+                      "(make docker-engine) or set DOCKER_HOST")
     try:
         client.images.get(settings.image)
     except ImageNotFound:

@@ -46,9 +46,7 @@ def receiver_settings(tmp: Path, deployment: Deployment, **overrides):
 def receiver(tmp_path_factory, deployment, s3_server):
     """One receiver for the webhook and S3-event tests; its store is the session's SeaweedFS."""
     tmp = tmp_path_factory.mktemp("receiver")
-    settings = receiver_settings(tmp, deployment, s3={
-        "endpoint_url": s3_server.endpoint, "region": s3_server.region,
-        "access_key_id": s3_server.access_key, "secret_access_key": s3_server.secret_key})
+    settings = receiver_settings(tmp, deployment, s3=s3_server.receiver_s3())
     with ReceiverThread(settings) as running:
         yield running
 

@@ -9,7 +9,7 @@ import httpx
 
 from day0.receiver.auth import sign
 from tests.receiver.conftest import SECRETS
-from tests.receiver.loadgen import flow_run_keys
+from tests.receiver.loadgen import flow_run_keys, wait_drained
 
 ADMIN = {"Authorization": f"Bearer {SECRETS['admin_token']}"}
 
@@ -36,11 +36,9 @@ def journal_stats(url: str) -> dict:
 
 def settled(url: str, timeout_s: float = 20.0) -> dict:
     """Wait until the receiver has nothing pending (no release to submit, no prefix to check)."""
-    def idle():
-        stats = journal_stats(url)
-        return stats if not stats["releases"]["pending"] and not stats["prefixes"]["unchecked"] else None
-    stats = wait_until(idle, timeout_s)
-    assert stats, f"receiver still busy after {timeout_s} s: {journal_stats(url)}"
+    stats = wait_drained(url, SECRETS["admin_token"], timeout_s)
+    assert stats and not stats["releases"]["pending"] and not stats["prefixes"]["unchecked"], (
+        f"receiver still busy after {timeout_s} s: {stats}")
     return stats
 
 

@@ -172,10 +172,8 @@ def test_recorded_object_events_are_checked_on_start(deployment, s3_server, tmp_
     prefix = f"restart/{uuid.uuid4().hex[:6]}"
     for name in upload_order(ck):
         client.upload_file(str(ck / name), BUCKET, f"{prefix}/{name}")
-    settings = receiver_settings(tmp_path, deployment, s3={
-        "endpoint_url": s3_server.endpoint, "region": s3_server.region,
-        "access_key_id": s3_server.access_key, "secret_access_key": s3_server.secret_key})
-    Journal(settings.journal).record_objects([(BUCKET, prefix, f"{prefix}/{upload_order(ck)[-1]}", 1, None)])
+    settings = receiver_settings(tmp_path, deployment, s3=s3_server.receiver_s3())
+    Journal(settings.journal).record_objects([(BUCKET, prefix)])  # the last upload's event
     with ReceiverThread(settings) as receiver:
         settled(receiver.url)
     assert sum(runs(deployment, f"day0:{BUCKET}/{prefix}@").values()) == 1

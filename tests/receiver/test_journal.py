@@ -49,7 +49,7 @@ def test_committed_rows_survive_an_unclosed_connection(tmp_path):
     path = tmp_path / "j.sqlite"
     j = Journal(path)
     j.accept([row()])
-    j.record_objects([("b", "p", "p/config.json", 5, "e")])
+    j.record_objects([("b", "p")])
     # a second, independent connection (what a restarted process sees) without closing the first
     other = sqlite3.connect(str(path))
     assert other.execute("SELECT status FROM releases").fetchall() == [("pending",)]
@@ -72,15 +72,18 @@ def test_release_lifecycle(tmp_path):
 
 def test_prefix_generations_track_unchecked_events(tmp_path):
     j = Journal(tmp_path / "j.sqlite")
-    gens = j.record_objects([("b", "m", "m/config.json", 1, None), ("b", "m", "m/a.safetensors", 2, None)])
+    gens = j.record_objects([("b", "m"), ("b", "m")])  # config.json and a shard
     assert gens == {("b", "m"): 2}
     j.finish_check("b", "m", 2, "waiting", 1, "waiting for 1 shard", None, [])
     assert j.due_prefixes() == []
-    j.record_objects([("b", "m", "m/b.safetensors", 3, None)])
+    j.record_objects([("b", "m")])
     assert j.due_prefixes() == [("b", "m", 0)]
     fresh = j.finish_check("b", "m", 3, "complete", 0, "complete", "rev", [row("b/m", "rev")])
     assert fresh == [True] and j.prefix("b", "m").state == "complete"
-    j.record_objects([("b", "m", "m/b.safetensors", 3, None)])
-    assert j.defer_check("b", "m", 60, "store down") == 1
+    j.record_objects([("b", "m")])
+    j.defer_check("b", "m", 60, "store down")
+    failures = sqlite3.connect(str(tmp_path / "j.sqlite")).execute(
+        "SELECT failures FROM prefixes WHERE bucket = 'b' AND prefix = 'm'").fetchone()
+    assert failures == (1,)
     assert j.due_prefixes() == []  # deferred, still unchecked
     assert j.stats()["prefixes"]["unchecked"] == 1
