@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse
 
 from day0.receiver import auth
 from day0.receiver.auth import AuthError
-from day0.receiver.completeness import Checker, StoreError, make_client, relevant
+from day0.receiver.completeness import Checker, StoreError, make_client, model_of, relevant
 from day0.receiver.events import (BadRequest, ObjectEvent, Release, parse_hf, parse_json,
                                   parse_release, parse_s3, parse_seaweedfs)
 from day0.receiver.journal import Journal, ReleaseRow
@@ -127,7 +127,7 @@ class Receiver:
         generations = await asyncio.to_thread(self.journal.record_objects, rows)
         out, any_new = [], False
         for (bucket, prefix), gen in generations.items():
-            model = f"{bucket}/{prefix}" if prefix else bucket
+            model = model_of(bucket, prefix)
             try:
                 check = asyncio.get_running_loop().run_in_executor(
                     self.check_pool, self.checker.ensure_checked, bucket, prefix, gen)

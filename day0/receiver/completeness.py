@@ -22,11 +22,11 @@ from typing import Any, Callable
 
 from day0.receiver.journal import Journal, PrefixState, ReleaseRow
 from day0.receiver.settings import CheckpointSettings, S3Settings
+from day0.storage import HEADER_PROBE_BYTES, S3Uri
 
 CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
-HEAD_PROBE = 64 << 10  # one ranged GET covers the header of typical shards
 MAX_HEADER = 100 << 20
 
 
@@ -69,6 +69,11 @@ def make_client(cfg: S3Settings):
                      access_key=value(cfg.access_key_id), secret_key=value(cfg.secret_access_key))
 
 
+def model_of(bucket: str, prefix: str) -> str:
+    """The model name of a checkpoint prefix: 'bucket/prefix' (the idempotency key's model)."""
+    return f"{bucket}/{prefix}" if prefix else bucket
+
+
 def relevant(bucket: str, key: str, rules: CheckpointSettings) -> bool:
     """Does an event for this object make its prefix worth checking?"""
     name = posixpath.basename(key)
@@ -79,7 +84,7 @@ def relevant(bucket: str, key: str, rules: CheckpointSettings) -> bool:
 
 def _expected_size(client, bucket: str, key: str) -> int:
     """8 + header length + largest tensor end offset, from one (rarely two) ranged GETs."""
-    head = _get(client, bucket, key, f"bytes=0-{HEAD_PROBE - 1}")
+    head = _get(client, bucket, key, f"bytes=0-{HEADER_PROBE_BYTES - 1}")
     if len(head) < 8:
         raise ValueError("shorter than 8 bytes")
     (n,) = struct.unpack("<Q", head[:8])
@@ -110,19 +115,13 @@ def _get(client, bucket: str, key: str, byte_range: str | None = None) -> bytes:
 
 def _list(client, bucket: str, prefix: str) -> dict[str, tuple[int, str]]:
     """name -> (size, etag) of the objects directly under prefix."""
-    from botocore.exceptions import BotoCoreError, ClientError
+    from day0.errors import InputError
+    from day0.storage import list_objects
 
-    out: dict[str, tuple[int, str]] = {}
     try:
-        pages = client.get_paginator("list_objects_v2").paginate(
-            Bucket=bucket, Prefix=f"{prefix}/" if prefix else "", Delimiter="/")
-        for page in pages:
-            for obj in page.get("Contents", []):
-                name = obj["Key"][len(prefix) + 1 if prefix else 0:]
-                out[name] = (int(obj["Size"]), str(obj.get("ETag", "")).strip('"'))
-    except (ClientError, BotoCoreError) as exc:
-        raise StoreError(f"listing s3://{bucket}/{prefix}: {exc}") from None
-    return out
+        return {n: (o.size, o.etag) for n, o in list_objects(S3Uri(bucket, prefix), client=client).items()}
+    except InputError as exc:  # down, denied, no bucket yet: look again later
+        raise StoreError(str(exc)) from None
 
 
 class HeaderCache:
@@ -191,17 +190,14 @@ def check_prefix(client, bucket: str, prefix: str, rules: CheckpointSettings,
 
 
 def _head(client, bucket: str, key: str, name: str) -> dict[str, tuple[int, str]]:
-    from botocore.exceptions import BotoCoreError, ClientError
+    from day0.errors import InputError
+    from day0.storage import head_object
 
     try:
-        h = client.head_object(Bucket=bucket, Key=key)
-    except ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-            return {}
-        raise StoreError(f"s3://{bucket}/{key}: {exc}") from None
-    except BotoCoreError as exc:
-        raise StoreError(f"s3://{bucket}/{key}: {exc}") from None
-    return {name: (int(h["ContentLength"]), str(h.get("ETag", "")).strip('"'))}
+        info = head_object(S3Uri(bucket, key), client=client)
+    except InputError as exc:
+        raise StoreError(str(exc)) from None
+    return {name: (info.size, info.etag)} if info else {}
 
 
 def _verify_shard(client, bucket: str, key: str, info: tuple[int, str], cache: HeaderCache) -> str | None:
@@ -258,8 +254,7 @@ class Checker:
             result = check_prefix(self.client(), bucket, prefix, self.rules, self._cache)
             releases = []
             if result.complete:
-                model = f"{bucket}/{prefix}" if prefix else bucket
-                source = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
+                model, source = model_of(bucket, prefix), str(S3Uri(bucket, prefix))
                 releases = [ReleaseRow(model=model, revision=result.revision, target=t,
                                        source=source, origin="s3") for t in self.targets]
             missing = len(result.missing) if not result.complete else 0
