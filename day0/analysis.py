@@ -4,7 +4,9 @@
 tensor data; see day0.checkpoint), builds the model on the meta device with transformers' own
 class, and reports architecture, attention kind, MoE structure, RoPE, parameter counts, weight
 memory per dtype, KV cache per token and at max context, a TP/PP/EP plan for the target's cards,
-and a risk checklist. ``summary_text(result)`` renders it for a terminal.
+a risk checklist, and header-level findings that the checkpoint itself is broken
+(``checkpoint_problems``, day0.sanity.header_problems). ``summary_text(result)`` renders it for a
+terminal.
 
 Parameter counts: with weights, ``params.total`` is the exact sum of the header element counts
 of the tensors transformers' class loads as parameters (extra tensors such as MTP layers are
@@ -27,6 +29,7 @@ from day0.analysis_plan import GIB, Plan, make_plan
 from day0.analysis_risks import Risk, collect_risks
 from day0.checkpoint import Checkpoint, read_checkpoint
 from day0.contract import StageInputs, StageResult
+from day0.sanity import header_problems
 
 DtypeName = Literal["bfloat16", "float8", "float16", "float32"]
 
@@ -174,6 +177,7 @@ def run(config: Config, inputs: StageInputs) -> Result:
                   attention=attention, moe=moe, rope=rope_facts(c, raw), max_context=max_context,
                   params=params, memory=memory, kv_cache=KVCache(**kv), plan=plan, risks=risks,
                   checkpoint=CheckpointInfo(**ckpt.summary()),
+                  checkpoint_problems=header_problems(ckpt) if ckpt.has_weights else [],
                   wall_s=round(time.monotonic() - started, 3))
 
 
@@ -241,6 +245,9 @@ def summary_text(result: Result) -> str:
     lines.append(f"risks ({len(r.risks)}):")
     for risk in r.risks:
         lines.append(f"  [{risk.severity}] {risk.id}: {risk.message}")
+    if r.checkpoint_problems:
+        lines.append(f"the checkpoint is broken ({len(r.checkpoint_problems)}):")
+        lines += [f"  {p}" for p in r.checkpoint_problems]
     return "\n".join(lines)
 
 

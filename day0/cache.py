@@ -1,8 +1,9 @@
-"""Stage result cache keyed by (weights digest, target, stage config, code version).
+"""Stage result cache keyed by (weights digest, target, stage config, revision, code version).
 
 A repeated validation with nothing changed reuses every stage's outcome. Any change to the
-checkpoint's files, the target profile (plugins' source included), the stage config, the upstream
-results or day0's own code or data gives a new key. Only successful outcomes are stored.
+checkpoint's files (their content, hashed on every run), the target profile (plugins' source
+included), the stage config, the upstream results, the revision or day0's own code or data gives
+a new key. Only successful outcomes are stored.
 """
 
 from __future__ import annotations
@@ -24,25 +25,24 @@ def cache_dir() -> Path:
 
 
 def _file_digest(path: Path) -> str:
-    """sha256 of a file, memoised on disk by (path, size, mtime) so big shards hash once."""
-    stat = path.stat()
-    memo_key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
-    memo = cache_dir() / "digests" / memo_key
-    if memo.is_file():
-        return memo.read_text()
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            h.update(block)
-    digest = h.hexdigest()
-    memo.parent.mkdir(parents=True, exist_ok=True)
-    memo.write_text(digest)
-    return digest
+    """xxh3-128 of the file's full bytes, computed every time: an in-place edit that restores the
+    mtime cannot reuse stale results (a (path, size, mtime) memo could). Read into one reused
+    buffer; not mmap, whose pages raise SIGBUS, killing the flow, if the file shrinks meanwhile.
+    bench/bench_digest.py measures it: the disk is the limit."""
+    import xxhash
+
+    h = xxhash.xxh3_128()
+    buf = bytearray(1 << 24)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as fh:
+        while n := fh.readinto(buf):
+            h.update(view[:n])
+    return f"xxh3_128:{h.hexdigest()}"
 
 
 def weights_digest(source: str) -> str:
-    """Digest of every file of a checkpoint folder (or of a lone config.json); for s3:// the
-    objects' names, ETags and sizes from one listing (nothing downloaded)."""
+    """Digest of the content of every file of a checkpoint folder (or of a lone config.json);
+    for s3:// the objects' names, ETags and sizes from one listing (nothing downloaded)."""
     if str(source).startswith("s3://"):
         from day0.sources import weights_digest as s3_digest
 
@@ -99,6 +99,9 @@ def stage_key(spec: StageSpec, weights: str | None = None) -> str:
         "reference": inputs.reference.model_dump(mode="json"),
         "upstream": inputs.upstream,
         "trust_remote_code": inputs.trust_remote_code,
+        # the alignment stage compares with (and stores) the score of this model and revision:
+        # a result cached under another revision never did that for this one
+        "revision": inputs.revision,
         "code": code_version(),
     }
     if inputs.target.runner == "docker":  # the image is the target's software stack

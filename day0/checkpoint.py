@@ -314,11 +314,40 @@ def _read_indexed(reader, ckpt: Checkpoint, problems: list[Problem], shards: lis
                 (f"maps it to {mapped}" if mapped else "does not list it"),
                 file=reader.location(info.file), field=tensor,
                 fix=f"regenerate {index} from the shards' headers"))
-    stray = sorted(set(shards) - set(by_shard))
-    if stray:
-        ckpt.notes.append(Note("checkpoint_note", "info",
-                               f"safetensors files not named by {index} are ignored: {stray}"))
+    problems.extend(single_file_problems(reader, set(by_shard)))
+    unnamed = sorted(set(shards) - set(by_shard) - {data()["files"]["single"]})
+    if unnamed:  # e.g. Mistral's consolidated.safetensors next to the HF shards
+        ckpt.notes.append(Note("checkpoint_note", "warning",
+                               f"safetensors files not named by {index} are not loaded by "
+                               f"transformers nor checked: {unnamed}"))
     return ok
+
+
+def single_file_problems(reader: Reader, named: set[str]) -> list[Problem]:
+    """One loader truth: transformers loads model.safetensors whenever it exists, even next to an
+    index naming other shards, so such a folder would run other weights than the index says."""
+    index, single = data()["files"]["index"], data()["files"]["single"]
+    if single not in reader.names() or named <= {single}:
+        return []
+    return [Problem(f"{single} lies next to {index}, which does not name it alone: transformers "
+                    f"would load {single} instead of the shards the index names",
+                    file=reader.location(single), fix=f"remove {single} or {index}")]
+
+
+def check_loader_files(source: str | Path) -> None:
+    """Raise CheckpointError when transformers would load other files than the index names
+    (see single_file_problems); the loader calls this so stages load what analysis read."""
+    reader = open_reader(source)
+    index = data()["files"]["index"]
+    if index not in reader.names():
+        return
+    try:
+        named = set(json.loads(reader.read_range(index, 0, reader.size(index)))["weight_map"].values())
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return  # an unreadable index is reported by analysis and by transformers itself
+    problems = single_file_problems(reader, named)
+    if problems:
+        raise CheckpointError.from_problems(problems)
 
 
 def _add_file(reader, ckpt: Checkpoint, name: str) -> None:
@@ -438,4 +467,5 @@ def _check_layout(tensors: dict[str, TensorInfo], data_len: int, where: str, bit
 
 
 __all__ = ["Reader", "LocalReader", "CountingReader", "open_reader", "TensorInfo", "Note",
-           "Checkpoint", "read_checkpoint", "read_header", "risk_text", "data"]
+           "Checkpoint", "read_checkpoint", "read_header", "risk_text", "data",
+           "single_file_problems", "check_loader_files"]

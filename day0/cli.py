@@ -1,7 +1,9 @@
 """The `day0` command line: analyze, scan, validate, plus targets/metrics/gates helpers.
 
 Exit codes: 0 PASS (or command succeeded), 1 FAIL, 2 bad input or config (one line naming file,
-field and fix), 3 ERROR (a stage could not finish: crash, timeout, out of memory).
+field and fix), 3 ERROR (a stage could not finish: crash, timeout, out of memory), 4 internal
+error, 5 BROKEN (the checkpoint itself is broken: non-finite or zeroed weights, near-uniform
+perplexity, ...; whatever the target does).
 """
 
 from __future__ import annotations
@@ -42,7 +44,10 @@ def _parser() -> argparse.ArgumentParser:
     _add_target_args(p)
 
     p = sub.add_parser("validate", help="run the validate Prefect flow and print the gated verdict",
-                       description="analysis -> scan + alignment -> gates.yaml -> PASS/FAIL (exit 0/1).")
+                       description="analysis -> scan + alignment -> gates.yaml -> verdict. Exit codes: "
+                                   "0 PASS, 1 FAIL (the target), 2 bad input or config, 3 ERROR (a "
+                                   "stage could not finish), 4 internal error, 5 BROKEN (the "
+                                   "checkpoint itself is broken).")
     p.add_argument("source", help="checkpoint folder")
     _add_target_args(p)
     p.add_argument("--gates", default=None, help="gates file (default ./gates.yaml or the shipped one)")
@@ -50,6 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--text", default=None, help="evaluation text for alignment (default: built-in)")
     p.add_argument("--config", default=None, help="YAML with per-stage settings: {analysis: {...}, scan: {...}, alignment: {...}}")
     p.add_argument("--no-cache", action="store_true", help="recompute every stage")
+    p.add_argument("--revision", default=None, help=(
+        "the release's revision: names the results path and keys the reference perplexity "
+        "stored for later runs of this model and revision"))
     p.add_argument("--json", action="store_true", help="print report.json instead of the table")
     p.add_argument("--trust-remote-code", action="store_true", help="allow the model's own code (auto_map)")
     p.add_argument("--deployment", default=None, metavar="NAME",
@@ -147,7 +155,7 @@ def cmd_validate(args) -> int:
                   target_file=args.target_file, gates=args.gates,
                   out=str(Path(args.out).resolve()) if args.out else None,
                   stage_configs=configs, use_cache=not args.no_cache,
-                  trust_remote_code=args.trust_remote_code)
+                  trust_remote_code=args.trust_remote_code, revision=args.revision)
     if args.deployment:
         report_json = _run_on_deployment(args.deployment, params)
     else:

@@ -29,12 +29,19 @@ class StageInputs(BaseModel):
     upstream: dict[str, dict] = Field(default_factory=dict, description=(
         "Results of earlier stages of the same run, by stage name, as JSON."))
     trust_remote_code: bool = Field(False, description="Allow the model's own code (auto_map).")
+    revision: str | None = Field(None, description=(
+        "The release's revision when one is named (keys stored reference scores of this "
+        "model/revision); None for an anonymous run."))
 
 
 class StageResult(BaseModel):
     """Base of every stage Result."""
 
     model_config = ConfigDict(extra="forbid")
+
+    checkpoint_problems: list[str] = Field(default_factory=list, description=(
+        "Findings that the checkpoint itself is broken (not the target): the verdict is then "
+        "BROKEN whatever the gates say."))
 
     def metrics(self) -> dict[str, float | None]:
         """Flat metric name -> value; None when the stage could not compute it."""

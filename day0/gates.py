@@ -31,6 +31,10 @@ class Gate(BaseModel):
     metric: str = Field(description="Metric name as produced by a stage, e.g. alignment.logits.kl_mean.")
     op: Literal["<=", "<", ">=", ">", "=="] = Field(description="observed OP threshold must hold.")
     threshold: float = Field(description="The bound the observed value is compared with.")
+    by_claim: dict[Literal["faithful", "int8", "fp8", "int4"], float] = Field(
+        default_factory=dict, description=(
+            "Thresholds for targets that claim a quantized deployment (target field `claim`), "
+            "e.g. {int8: 8.0}; other claims use `threshold`."))
     severity: Literal["error", "warning"] = Field(
         "error", description="error: a failure fails the verdict; warning: reported only.")
     applies_to: Literal["all", "moe", "dense"] = Field(
@@ -100,7 +104,7 @@ def load_gates(path: str | Path | None = None) -> GatesFile:
             problems.append(Problem(f"unknown metric '{gate.metric}': no stage produces it",
                                     file=str(path), field=f"gates.{i}.metric",
                                     fix=hint.strip() or "run `day0 metrics` to list the metrics"))
-        if not math.isfinite(gate.threshold):
+        if not all(math.isfinite(t) for t in (gate.threshold, *gate.by_claim.values())):
             problems.append(Problem("threshold must be a finite number", file=str(path),
                                     field=f"gates.{i}.threshold", fix="use a finite bound"))
     if not parsed.gates:
@@ -112,11 +116,14 @@ def load_gates(path: str | Path | None = None) -> GatesFile:
 
 
 def evaluate(gates: GatesFile, metrics: dict[str, float | None], *, is_moe: bool,
-             missing_reasons: dict[str, str] | None = None) -> list[GateResult]:
-    """Judge every gate. missing_reasons maps a metric prefix (stage) to why it is absent."""
+             missing_reasons: dict[str, str] | None = None, claim: str = "faithful"
+             ) -> list[GateResult]:
+    """Judge every gate. missing_reasons maps a metric prefix (stage) to why it is absent;
+    claim selects by_claim thresholds (the target's claim)."""
     results = []
     for gate in gates.gates:
-        base = dict(id=gate.id, metric=gate.metric, op=gate.op, threshold=gate.threshold,
+        threshold = gate.by_claim.get(claim, gate.threshold)
+        base = dict(id=gate.id, metric=gate.metric, op=gate.op, threshold=threshold,
                     severity=gate.severity)
         if gate.applies_to != "all" and (gate.applies_to == "moe") != is_moe:
             kind = "MoE" if is_moe else "dense"
@@ -136,17 +143,23 @@ def evaluate(gates: GatesFile, metrics: dict[str, float | None], *, is_moe: bool
             results.append(GateResult(**base, observed=observed, passed=False,
                                       reason=f"observed {observed} is not finite"))
             continue
-        passed = OPS[gate.op](observed, gate.threshold)
+        passed = OPS[gate.op](observed, threshold)
         relation = "holds" if passed else "violated"
         results.append(GateResult(**base, observed=observed, passed=passed,
-                                  reason=f"{observed:.6g} {gate.op} {gate.threshold:g} {relation}"))
+                                  reason=f"{observed:.6g} {gate.op} {threshold:g} {relation}"
+                                  + (f" ({claim} claim)" if claim in gate.by_claim else "")))
     return results
 
 
-def verdict(results: list[GateResult], stage_errors: dict[str, str]) -> str:
-    """ERROR when a stage failed, else FAIL when an error-severity gate failed, else PASS."""
+def verdict(results: list[GateResult], stage_errors: dict[str, str],
+            checkpoint_problems: list[str] | None = None) -> str:
+    """ERROR when a stage failed, else BROKEN when the checkpoint itself is broken (a stage
+    reported checkpoint_problems: no comparison of target and reference means anything then),
+    else FAIL when an error-severity gate failed, else PASS."""
     if stage_errors:
         return "ERROR"
+    if checkpoint_problems:
+        return "BROKEN"
     if any(not r.passed and r.severity == "error" for r in results):
         return "FAIL"
     return "PASS"

@@ -157,9 +157,14 @@ def build_meta_model(resolved: ResolvedConfig, dtype=None):
 
 def load_pretrained(source: str | Path, *, device: str = "cpu", dtype: str = "float32",
                     trust_remote_code: bool = False):
-    """Load a local HF checkpoint with transformers' own class, on device in dtype."""
+    """Load a local HF checkpoint with transformers' own class, on device in dtype.
+
+    Raises CheckpointError when transformers would load other files than the index names."""
     import torch
 
+    from day0.checkpoint import check_loader_files
+
+    check_loader_files(source)
     resolved = resolve_config(read_config_dict(source), trust_remote_code=trust_remote_code,
                               file=str(config_path(source)))
     with quiet_transformers():

@@ -10,10 +10,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from day0 import __version__
 from day0.gates import GateResult
+from day0.report_alignment import alignment_markdown
 from day0.stage import StageOutcome
 from day0.targets import Target
 
-EXIT_CODES = {"PASS": 0, "FAIL": 1, "ERROR": 3}
+# 2 (bad input or config) and 4 (internal error) are the CLI's own; see day0.cli
+EXIT_CODES = {"PASS": 0, "FAIL": 1, "ERROR": 3, "BROKEN": 5}
 
 
 class StageSummary(BaseModel):
@@ -31,7 +33,8 @@ class Report(BaseModel):
 
     model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
 
-    verdict: str = Field(description="PASS, FAIL or ERROR.")
+    verdict: str = Field(description=(
+        "PASS, FAIL (the target), BROKEN (the checkpoint itself) or ERROR (a stage could not finish)."))
     source: str
     model: dict = Field(default_factory=dict, description="architecture, model_type, params.")
     target: Target
@@ -39,9 +42,12 @@ class Report(BaseModel):
     gates: list[GateResult]
     stages: dict[str, StageSummary]
     metrics: dict[str, float | None]
-    alignment: dict = Field(default_factory=dict, description="first_divergent_layer and tables.")
+    alignment: dict = Field(default_factory=dict, description=(
+        "The alignment stage's whole result: target vs control vs reference, windows, tables."))
     scan: dict = Field(default_factory=dict, description="coverage, uncovered and long-tail ops.")
     errors: list[str] = Field(default_factory=list, description="Failed stages, one line each.")
+    checkpoint_problems: list[str] = Field(default_factory=list, description=(
+        "Findings that the checkpoint itself is broken (not the target), from every stage."))
     created_at: str
     day0_version: str = __version__
     results_uri: str | None = Field(None, description=(
@@ -53,7 +59,8 @@ class Report(BaseModel):
 
 
 def build(*, source: str, target: Target, reference: Target, outcomes: dict[str, StageOutcome],
-          gate_results: list[GateResult], verdict: str) -> Report:
+          gate_results: list[GateResult], verdict: str,
+          checkpoint_problems: list[str] | None = None) -> Report:
     metrics: dict[str, float | None] = {}
     for outcome in outcomes.values():
         metrics.update(outcome.metrics)
@@ -67,10 +74,11 @@ def build(*, source: str, target: Target, reference: Target, outcomes: dict[str,
                                    failure=o.failure, error=o.error, ran_in=o.ran_in)
                 for name, o in outcomes.items()},
         metrics=metrics,
-        alignment={"first_divergent_layer": alignment.get("first_divergent_layer"),
-                   "layers": alignment.get("layers", [])},
+        # all alignment evidence (tables, windows, text, comparisons), not only the gate inputs
+        alignment=alignment,
         scan={k: scan.get(k) for k in ("coverage", "uncovered", "long_tail") if k in scan},
         errors=[f"stage {name}: {o.error}" for name, o in outcomes.items() if not o.ok],
+        checkpoint_problems=list(checkpoint_problems or []),
         created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     )
 
@@ -93,8 +101,15 @@ def gate_rows(report: Report) -> list[dict]:
              "reason": g.reason} for g in report.gates]
 
 
+LAYER_COLUMNS = {"layer": "layer", "rel_error": "target error", "control_rel_error": "control error",
+                 "ratio": "ratio", "ratio_low": "ratio low (worst bucket)", "bound": "bound",
+                 "diverged": "diverged"}
+
+
 def layer_rows(report: Report) -> list[dict]:
-    return [{k: _fmt(v) for k, v in row.items()} for row in report.alignment.get("layers", [])]
+    """Per-layer table: target and control error against the reference, ratio and its bound."""
+    return [{label: _fmt(row.get(key)) for key, label in LAYER_COLUMNS.items()}
+            for row in report.alignment.get("layers", [])]
 
 
 def _table(rows: list[dict]) -> str:
@@ -109,8 +124,12 @@ def _table(rows: list[dict]) -> str:
 def to_markdown(report: Report) -> str:
     model = report.model or {}
     params = model.get("params") or {}
-    parts = [
-        f"# day0 validation: {report.verdict}\n",
+    parts = [f"# day0 validation: {report.verdict}\n"]
+    if report.checkpoint_problems:  # first: nothing below is about the target then
+        parts += (["## The checkpoint is broken\n"] + [f"- {p}" for p in report.checkpoint_problems]
+                  + ["", "Target and reference load the same broken weights: the comparisons "
+                         "below say nothing about the port.\n"])
+    parts += [
         f"- model: `{report.source}` ({model.get('architecture') or '?'}, "
         f"{_fmt(params.get('total'))} params, {_fmt(params.get('active'))} active)",
         f"- target: **{report.target.label}** vs reference {report.reference.device}/{report.reference.dtype}",
@@ -127,7 +146,7 @@ def to_markdown(report: Report) -> str:
                                        "error": s.error or ""}
                                       for n, s in report.stages.items()])]
     if report.alignment.get("layers"):
-        parts += ["## Per-layer relative error\n", _table(layer_rows(report))]
+        parts.append(alignment_markdown(report.alignment))
     if report.scan:
         parts += ["## Operator coverage\n",
                   f"- coverage: {_fmt(report.scan.get('coverage'))}",
@@ -147,6 +166,8 @@ def verdict_table(report: Report) -> str:
                      f"{r['threshold']:<{widths['threshold']}}  {r['result']}")
     for err in report.errors:
         lines.append(f"ERROR {err}")
+    for problem in report.checkpoint_problems:
+        lines.append(f"BROKEN checkpoint: {problem}")
     lines.append(f"verdict: {report.verdict}  ({report.target.label}, {report.source})")
     return "\n".join(lines)
 

@@ -56,6 +56,11 @@ class Target(BaseModel):
     device: str = Field(description="torch device type: cpu, cuda, xpu, mps, npu, ...")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         description="dtype the target runs the model in.")
+    claim: Literal["faithful", "int8", "fp8", "int4"] = Field("faithful", description=(
+        "What the target claims about its numerics: 'faithful' (the model's own weights at "
+        "`dtype`; the default) or a quantized deployment (int8, fp8, int4 weights). Gates with "
+        "`by_claim` bounds and the layer tolerances use the claim's bounds: a quantized target "
+        "is held to what quantization legitimately costs, not to bf16 rounding."))
     plugins: list[str] = Field(default_factory=list, description=(
         "Python module names or .py file paths exposing apply(model) -> None; run on the target "
         "side after weights load, before any check (ported kernels, patches, fault injection)."))

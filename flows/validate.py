@@ -27,18 +27,20 @@ def validate(source: str, target: str | None = "cpu-bf16", target_file: str | No
     """Validate the checkpoint at `source` on `target`; returns report.json as a dict.
 
     revision names the release in the results path (s3:// sources or DAY0_RESULTS_URI:
-    <base>/<model>/<revision or weights digest>/<target>/, see day0.storage)."""
+    <base>/<model>/<revision or weights digest>/<target>/, see day0.storage) and keys the
+    reference perplexity stored for later runs of the same model and revision (day0.sanity)."""
     logger = get_run_logger()
     target_profile = resolve_target(target, target_file)
     gate_file = gating.load_gates(gates)  # config errors stop the run before any stage
     configs = stage_configs or {}
     inputs = StageInputs(source=source, target=target_profile, reference=REFERENCE,
-                         trust_remote_code=trust_remote_code)
+                         trust_remote_code=trust_remote_code, revision=revision)
 
     weights = cache.weights_key(source)  # once: every stage's cache key shares it
     outcomes = {"analysis": run_stage_task("analysis", configs.get("analysis", {}), inputs,
                                            use_cache, weights)}
-    if outcomes["analysis"].ok:
+    header_broken = (outcomes["analysis"].result or {}).get("checkpoint_problems")
+    if outcomes["analysis"].ok and not header_broken:  # comparing broken weights tells nothing
         downstream = inputs.model_copy(update={"upstream": {"analysis": outcomes["analysis"].result}})
         futures = {name: run_stage_task.submit(name, configs.get(name, {}), downstream, use_cache,
                                                weights)
@@ -47,16 +49,22 @@ def validate(source: str, target: str | None = "cpu-bf16", target_file: str | No
 
     failed = {name: o.error or "failed" for name, o in outcomes.items() if not o.ok}
     missing = {name: f"stage {name} failed: {failed[name]}" for name in failed}
-    missing.update({name: "not run: analysis failed" for name in STAGE_ORDER if name not in outcomes})
+    missing.update({name: "not run: " + ("the checkpoint is broken" if header_broken else
+                                         "analysis failed")
+                    for name in STAGE_ORDER if name not in outcomes})
     metrics = {k: v for o in outcomes.values() for k, v in o.metrics.items()}
     analysis = outcomes["analysis"].result or {}
     results = gating.evaluate(gate_file, metrics, is_moe=bool(analysis.get("moe")),
-                              missing_reasons=missing)
+                              missing_reasons=missing, claim=target_profile.claim)
     # a target that raised is a finding (its gates fail: FAIL); a stage that broke is ERROR
     broken = {name: error for name, error in failed.items() if outcomes[name].failure != "target"}
-    verdict = gating.verdict(results, broken)
+    # any stage may find the checkpoint itself broken: that is its own verdict, not the port's
+    checkpoint_problems = list(dict.fromkeys(
+        p for o in outcomes.values() if o.ok for p in (o.result or {}).get("checkpoint_problems", [])))
+    verdict = gating.verdict(results, broken, checkpoint_problems)
     report = reporting.build(source=source, target=target_profile, reference=REFERENCE,
-                             outcomes=outcomes, gate_results=results, verdict=verdict)
+                             outcomes=outcomes, gate_results=results, verdict=verdict,
+                             checkpoint_problems=checkpoint_problems)
     report_json = report.model_dump(mode="json")
     report_json["results_uri"] = publish_report_task(report_json, out, outcomes, revision)
     logger.info("verdict %s for %s on %s", verdict, source, target_profile.label)

@@ -11,6 +11,8 @@ import pytest
 
 from day0.checkpoint import LocalReader, read_checkpoint, read_header
 from day0.errors import CheckpointError, InputError
+from tests import breakers
+from tests.conftest import MODELS
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -338,3 +340,29 @@ def test_no_config_is_input_error(llama):
     (llama / "config.json").unlink()
     with pytest.raises(InputError, match="no config.json"):
         read_checkpoint(llama)
+
+
+def test_stray_single_file_next_to_index_is_an_error_for_analysis_and_loading(tmp_path):
+    """transformers would load a stray model.safetensors instead of the index's shards."""
+    from day0.modeling import load_pretrained
+
+    folder = breakers.copy_fixture(tmp_path / "tiny-llama")
+    stray = breakers.add_zero_single_file(folder)
+    for attempt in (read_checkpoint, load_pretrained):
+        with pytest.raises(CheckpointError) as info:
+            attempt(folder)
+        (p,) = info.value.problems
+        assert p.file == str(stray) and "would load model.safetensors instead" in p.message
+        assert p.fix == "remove model.safetensors or model.safetensors.index.json"
+    stray.unlink()  # the fix: one truth left
+    assert read_checkpoint(folder).tensors == read_checkpoint(MODELS / "tiny-llama").tensors
+
+
+def test_other_unnamed_safetensors_are_a_warning_not_loaded(llama):
+    """e.g. Mistral ships consolidated.safetensors next to the HF shards: transformers never
+    loads it, so it is no second truth; it is said plainly that it is not checked."""
+    shutil.copy(shards(llama)[0], llama / "consolidated.safetensors")
+    ckpt = read_checkpoint(llama)
+    (note,) = [n for n in ckpt.notes if "consolidated.safetensors" in n.message]
+    assert note.severity == "warning" and "not loaded" in note.message
+    assert "consolidated.safetensors" not in ckpt.files

@@ -121,8 +121,15 @@ def unknown_model_type_without_architectures(ckpt):
     return "nonesuch"
 
 
+def stray_single_file_next_to_index(ckpt):
+    from tests.breakers import add_zero_single_file
+
+    return add_zero_single_file(ckpt).name  # transformers would load it instead of the index
+
+
 BROKEN = [truncate_shard, offsets_out_of_range, index_names_missing_shard, shape_disagrees_with_config,
-          header_not_json, bad_config_json, missing_config, unknown_model_type_without_architectures]
+          header_not_json, bad_config_json, missing_config, unknown_model_type_without_architectures,
+          stray_single_file_next_to_index]
 
 
 @pytest.mark.parametrize("breaker", BROKEN, ids=lambda f: f.__name__)

@@ -10,6 +10,7 @@ import sys
 import pytest
 import yaml
 
+from tests import breakers
 from tests.conftest import HELDOUT, MODELS, PLUGINS
 
 pytestmark = pytest.mark.integration
@@ -119,21 +120,52 @@ def test_cli_input_error_in_stage_exits_2(prefect_server, tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-def test_nan_in_weights_fails(prefect_server, tmp_path):
-    import shutil
+def test_nan_in_weights_is_a_broken_checkpoint(prefect_server, tmp_path):
+    """Target and reference load the same NaN: not the port's fault, the checkpoint's."""
+    ckpt = breakers.copy_fixture(tmp_path / "tiny-llama")
+    name = "model.layers.1.mlp.down_proj.weight"
+    breakers.put_float(ckpt, name, 0, float("nan"))
+    report, _ = run_flow(ckpt, target_file(tmp_path), out=str(tmp_path / "out"))
+    assert report["verdict"] == "BROKEN", (report["errors"], report["checkpoint_problems"])
+    assert any(name in p and "non-finite" in p for p in report["checkpoint_problems"])
+    assert "## The checkpoint is broken" in (tmp_path / "out" / "report.md").read_text()
 
-    from safetensors.torch import load_file, save_file
 
-    ckpt = tmp_path / "nan-ckpt"
-    shutil.copytree(MODELS / "tiny-llama", ckpt)
-    index = json.loads((ckpt / "model.safetensors.index.json").read_text())
-    name, shard = next((n, s) for n, s in index["weight_map"].items() if "layers.1.mlp.down_proj" in n)
-    tensors = load_file(ckpt / shard)
-    tensors[name][0, 0] = float("nan")
-    save_file(tensors, ckpt / shard, metadata={"format": "pt"})
+def test_zero_layers_are_broken_and_nothing_is_compared(prefect_server, tmp_path):
+    ckpt = breakers.copy_fixture(tmp_path / "tiny-llama")
+    breakers.edit_config(ckpt, num_hidden_layers=0)
     report, _ = run_flow(ckpt, target_file(tmp_path))
-    assert report["verdict"] == "FAIL"
-    assert "no-nonfinite" in failing(report) or "logits-kl-mean" in failing(report)
+    assert report["verdict"] == "BROKEN" and set(report["stages"]) == {"analysis"}
+    (problem,) = report["checkpoint_problems"]
+    assert "85%" in problem and "num_hidden_layers=0" in problem
+
+
+def test_stray_single_file_is_an_input_error(prefect_server, tmp_path):
+    ckpt = breakers.copy_fixture(tmp_path / "tiny-llama")
+    breakers.add_zero_single_file(ckpt)
+    report, _ = run_flow(ckpt, target_file(tmp_path))
+    analysis = report["stages"]["analysis"]
+    assert analysis["failure"] == "input" and "model.safetensors" in analysis["error"]
+    assert "remove model.safetensors or model.safetensors.index.json" in analysis["error"]
+
+
+def test_swapped_tensors_edited_in_place_rerun_and_are_broken(prefect_server, tmp_path):
+    """Revision v1 is validated clean (its reference perplexity is stored); then two layers'
+    down_proj data are swapped in place with the mtimes restored: the stages must re-run (the
+    weights digest is the content) and the perplexity, far above v1's, makes it BROKEN."""
+    ckpt = breakers.copy_fixture(tmp_path / "tiny-llama")
+    tfile = target_file(tmp_path)
+    clean, _ = run_flow(ckpt, tfile, revision="v1")
+    assert clean["verdict"] == "PASS", failing(clean)
+    # the same bytes ran in earlier tests without a revision: v1's score is stored only if the
+    # revision is part of the stage key
+    assert not clean["stages"]["alignment"]["cached"]
+    breakers.swap_tensors(ckpt, "model.layers.1.mlp.down_proj.weight",
+                          "model.layers.2.mlp.down_proj.weight")
+    swapped, _ = run_flow(ckpt, tfile, revision="v1")
+    assert not any(s["cached"] for s in swapped["stages"].values())
+    assert swapped["verdict"] == "BROKEN", (failing(swapped), swapped["checkpoint_problems"])
+    assert any("stored for this model and revision" in p for p in swapped["checkpoint_problems"])
 
 
 def test_target_missing_a_kernel_fails_not_errors(prefect_server, tmp_path):

@@ -103,3 +103,15 @@ def test_warning_does_not_fail_verdict(gates):
     results = evaluate(gates, {"alignment.logits.kl_mean": 0.0, "alignment.logits.top1_agreement": 1.0,
                                "alignment.moe.expert_agreement": 1.0, "scan.coverage": 0.5}, is_moe=True)
     assert not results[3].passed and verdict(results, {}) == "PASS"
+
+
+def test_verdict_order_error_then_broken_then_fail(gates):
+    failing = evaluate(gates, {"alignment.logits.kl_mean": 1.0, "alignment.logits.top1_agreement": 1.0,
+                               "scan.coverage": 1.0}, is_moe=False)
+    passing = evaluate(gates, {"alignment.logits.kl_mean": 0.0, "alignment.logits.top1_agreement": 1.0,
+                               "scan.coverage": 1.0}, is_moe=False)
+    broken = ["model-00001-of-00004.safetensors: every one of its 10 tensors is zero"]
+    assert verdict(failing, {"scan": "crashed"}, broken) == "ERROR"
+    assert verdict(failing, {}, broken) == "BROKEN"
+    assert verdict(passing, {}, broken) == "BROKEN"
+    assert verdict(failing, {}, []) == "FAIL" and verdict(passing, {}, []) == "PASS"

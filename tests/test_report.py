@@ -37,3 +37,21 @@ def test_terminal_table_lists_gates_errors_and_verdict():
     assert "kl" in text and "nan" in text and "FAIL" in text
     assert "ERROR stage scan" in text and text.splitlines()[-1].startswith("verdict: ERROR")
     assert "| kl |" in to_markdown(make_report())
+
+
+def test_broken_checkpoint_heads_the_report_and_exits_5(tmp_path):
+    problem = "/m/model-00001-of-00004.safetensors: every one of its 10 tensors is zero"
+    outcomes = {"analysis": StageOutcome(stage="analysis", ok=True, result={})}
+    gates = [GateResult(id="kl", metric="alignment.logits.kl_mean", op="<=", observed=None,
+                        threshold=0.01, passed=False, severity="error",
+                        reason="metric missing: not run: the checkpoint is broken")]
+    report = build(source="/m", target=resolve_target("cpu-bf16"), reference=REFERENCE,
+                   outcomes=outcomes, gate_results=gates, verdict="BROKEN",
+                   checkpoint_problems=[problem])
+    json_path, md_path = write(report, tmp_path)
+    doc = json.loads(json_path.read_text())
+    assert doc["checkpoint_problems"] == [problem] and Report.model_validate(doc).exit_code == 5
+    lines = md_path.read_text().splitlines()
+    assert lines[0] == "# day0 validation: BROKEN"
+    assert lines[2] == "## The checkpoint is broken" and lines[4] == f"- {problem}"
+    assert f"BROKEN checkpoint: {problem}" in verdict_table(report)

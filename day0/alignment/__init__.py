@@ -1,20 +1,25 @@
-"""Numerical alignment stage: does the target compute what the cpu/float32 reference computes?
+"""Numerical alignment stage: does the target compute what the cpu/float32 reference computes,
+and is it as close to it as a known-good port (the control) is?
 
+Three models see the same windows: the reference (float32, reference device), the control (the
+same implementation at the target's dtype on the reference device, no plugins) and the target.
 Levels, from the smallest unit to end-to-end behaviour:
 
 * operators   - every aten op of a short reference forward, replayed on the target (ops.py);
-* layers      - each decoder layer's output hidden states, by position bucket (layers.py);
-* logits      - per-position KL(ref||target), top-1 agreement, by position bucket (logits.py);
-* MoE routing - agreement of the selected expert sets per token (layers.py);
-* perplexity  - on seq_len windows of the evaluation text (logits.py);
+* layers      - each decoder layer's output error, target vs control, by position bucket;
+* logits      - per-position KL(ref||target) vs KL(ref||control), top-1 agreement (logits.py);
+* MoE routing - expert-set agreement of target and control with the reference (layers.py);
+* perplexity  - target vs control on the same tokens (paired.py);
 * generation  - greedy continuations of prompts from the text (generation.py).
 
-Windows reach the model's trained context (up to ``seq_len_cap``) so faults that only show at
-far positions are found. Target plugins are applied to the target model only.
+Windows start like documents (BOS) with a few context-only positions and reach the model's
+trained context (up to ``seq_len_cap``), run in chunks over a KV cache, so faults that only show
+at far positions are found. Relative gates read paired block-bootstrap bounds (paired.py).
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from typing import Literal
@@ -23,18 +28,27 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from day0.alignment import generation as gen
-from day0.alignment.layers import (Capture, LayerAccumulator, LayerRow, RouterAccumulator,
-                                   RouterRow)
-from day0.alignment.logits import BucketRow, LogitAccumulator, bucket_index
+from day0.alignment.engine import MemoSide, Side, evaluate
+from day0.alignment.layers import LayerRow, RouterRow
+from day0.alignment.logits import BucketRow, bucket_bounds
 from day0.alignment.ops import OpRow, check_ops
-from day0.alignment.text import (load_tokenizer, prompts, read_text, resolve_text_file,
-                                 tokenize, windows)
+from day0.alignment.paired import Blocks, Comparison, mean_excess, ratios, worst
+from day0.alignment.text import (load_tokenizer, prefix_token, prompts, read_text,
+                                 resolve_text_file, tokenize, windows)
 from day0.alignment.tolerances import load_tolerances
 from day0.contract import StageInputs, StageResult
 from day0.errors import ConfigError, StageError
 from day0.modeling import load_pretrained
 from day0.plugins import apply_plugins
 from day0.sources import local_checkpoint
+
+OP_CHECK_SCOPE = (
+    "Each aten op of a short reference forward is replayed on the target device at the target "
+    "dtype from the recorded inputs and compared with float32. This exercises the target's "
+    "device kernels for those aten ops, including torch.library overrides a plugin registered "
+    "globally; it does NOT exercise model-level changes a plugin makes (replaced module "
+    "forwards, fused or custom ops, quantized weights): those are judged by the layer, logit "
+    "and perplexity comparisons, which run the target exactly as it is.")
 
 
 class Config(BaseModel):
@@ -45,18 +59,28 @@ class Config(BaseModel):
     text_file: str | None = Field(None, description=(
         "UTF-8 evaluation text. Default: heldout.txt in the checkpoint folder if present, else "
         "day0's built-in text (day0/data/eval_text.txt)."))
-    seq_len: int | None = Field(None, ge=2, description=(
-        "Tokens per evaluation window. Default: the model's max_position_embeddings, capped at "
-        "seq_len_cap, so windows reach the trained context."))
-    seq_len_cap: int = Field(256, ge=2, description="Upper bound of the default seq_len.")
+    seq_len: int | None = Field(None, ge=3, description=(
+        "Positions per evaluation window. Default: the model's max_position_embeddings, capped "
+        "at seq_len_cap, so windows reach the far end of the trained context."))
+    seq_len_cap: int = Field(8192, ge=3, description=(
+        "Upper bound of the default seq_len (CPU time grows with it; the report gives the "
+        "covered fraction of the trained context)."))
     max_windows: int = Field(4, ge=1, description="Evaluation windows (non-overlapping).")
+    context_tokens: int = Field(8, ge=1, description=(
+        "Leading positions of each window (start token included) that are context only, never "
+        "scored: every scored position has real text before it."))
+    chunk_tokens: int = Field(1024, ge=16, description=(
+        "A longer window runs in chunks of this many positions over a KV cache (bounds memory)."))
     position_buckets: int = Field(4, ge=1, description=(
-        "Equal position ranges that layer and logit errors are reported by."))
+        "Equal position ranges that layer and logit errors are reported and gated by."))
     check_ops: bool = Field(True, description="Run the per-operator replay.")
     op_tokens: int = Field(32, ge=1, description="Input tokens of the forward whose ops are replayed.")
     reference_inputs: Literal["rounded", "float32"] = Field("rounded", description=(
         "Per-op reference inputs: 'rounded' to the target dtype (isolates kernel error) or "
         "'float32' as recorded. Discrete ops always use rounded inputs."))
+    check_weights: bool = Field(True, description=(
+        "Scan every weight of the checkpoint (non-finite, zeroed, constant, corrupted values) "
+        "and the reference perplexity's plausibility: a broken checkpoint is its own verdict."))
     generation_prompts: int = Field(4, ge=0, description="Prompts for greedy generation.")
     prompt_tokens: int = Field(16, ge=1, description="Tokens per generation prompt.")
     new_tokens: int = Field(32, ge=1, description="Tokens generated per prompt.")
@@ -71,28 +95,47 @@ class Result(StageResult):
     model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
 
     target: str = Field(description="Target label (name, device, dtype).")
+    claim: str = Field("faithful", description="The target's numerics claim (selects bounds).")
+    control: str = Field(description="What the control is: reference device, target dtype.")
+    target_is_control: bool = Field(description=(
+        "The target is the control itself (same device and dtype, no plugins): relative gates "
+        "compare it with itself and the absolute bounds decide."))
     plugins: list[str] = Field(default_factory=list, description="Plugins applied to the target.")
     text_file: str = Field(description="Evaluation text used.")
-    seq_len: int = Field(description="Tokens per window.")
+    text_tokens: int = Field(0, description="Tokens of the evaluation text.")
+    seq_len: int = Field(description="Positions per window (start token included).")
+    prefix_token: int | None = Field(None, description="Start token of every window (BOS/EOS).")
+    context_tokens: int = Field(0, description="Leading positions per window not scored.")
     max_position_embeddings: int | None = Field(None, description="The model's trained context.")
+    covered_fraction: float | None = Field(None, description=(
+        "Furthest scored position + 1 over the trained context."))
     windows: int = Field(description="Windows evaluated.")
-    positions: int = Field(description="Positions compared at the logit level.")
+    positions: int = Field(description="Scored positions (logit level) over all windows.")
+    op_check_scope: str = Field(OP_CHECK_SCOPE, description="What the op check covers.")
     ops: list[OpRow] = Field(default_factory=list, description="Per-operator replay table.")
-    layers: list[LayerRow] = Field(description="Per-decoder-layer error table.")
-    first_divergent_layer: int | None = Field(description="First layer over tolerance, or None.")
+    layers: list[LayerRow] = Field(description="Per-decoder-layer error, target vs control.")
+    first_divergent_layer: int | None = Field(description=(
+        "First layer whose error departs from the control's beyond the bound, or None."))
     buckets: list[BucketRow] = Field(description="Logit agreement per position bucket.")
-    kl_mean: float = Field(description="Mean per-position KL(ref||target), nats.")
-    kl_p99: float = Field(description="99th percentile of per-position KL, nats.")
+    comparisons: list[Comparison] = Field(default_factory=list, description=(
+        "Target vs control, paired: the statistics the relative gates read."))
+    kl_mean: float = Field(description="Mean over scored positions of KL(ref||target), nats.")
+    kl_p99: float = Field(description="99th percentile over scored positions of KL, nats.")
     kl_max: float = Field(description="Largest per-position KL, nats.")
     kl_max_bucket: float = Field(description="Largest per-bucket mean KL, nats.")
     top1_agreement: float = Field(description="Fraction of positions with the same argmax.")
+    control_kl_mean: float = Field(math.nan, description="Mean KL(ref||control), nats.")
+    control_kl_p99: float = Field(math.nan, description="99th percentile of KL(ref||control).")
+    control_top1_agreement: float = Field(math.nan, description="Control's top-1 agreement.")
     routers: list[RouterRow] | None = Field(None, description="Per-router agreement (MoE).")
     expert_agreement: float | None = Field(None, description=(
         "Mean Jaccard index of selected expert sets per token and router (None: dense)."))
+    control_expert_agreement: float | None = Field(None, description="The control's.")
     expert_exact_match: float | None = Field(None, description=(
         "Fraction of token routings with the identical expert set (None: dense)."))
     perplexity_reference: float = Field(description="Reference perplexity on the windows.")
     perplexity_target: float = Field(description="Target perplexity on the windows.")
+    perplexity_control: float = Field(math.nan, description="Control perplexity, same windows.")
     perplexity_rel_delta: float = Field(description="|target - reference| / reference.")
     generation: list[gen.GenerationRow] = Field(default_factory=list,
                                                 description="Per-prompt greedy comparison.")
@@ -100,33 +143,56 @@ class Result(StageResult):
     notes: list[str] = Field(default_factory=list, description="What limited the evaluation.")
     timings: dict[str, float] = Field(default_factory=dict, description="Seconds per part.")
 
+    def comparison(self, metric: str) -> Comparison | None:
+        return next((c for c in self.comparisons if c.metric == metric), None)
+
     def metrics(self) -> dict[str, float | None]:
         checked = [o for o in self.ops if o.status != "skipped"]
-        layer_errors = [r.worst_bucket_rel_error for r in self.layers]
+        ops = bool(self.ops)
+
+        def low(metric):
+            found = self.comparison(metric)
+            return found.low if found else None
+
+        bucket_lows = [b.kl_ratio_low for b in self.buckets if b.kl_ratio_low is not None]
+        gens = self.generation
         return {
-            "alignment.ops.checked": float(len(checked)) if self.ops else None,
+            "alignment.ops.checked": float(len(checked)) if ops else None,
             "alignment.ops.failed": (float(sum(o.status in ("failed", "error") for o in checked))
-                                     if self.ops else None),
+                                     if ops else None),
             "alignment.ops.discrete_mismatches": (
                 float(sum(o.status in ("failed", "error") and o.kind == "discrete"
-                          for o in checked)) if self.ops else None),
-            "alignment.ops.skipped": float(len(self.ops) - len(checked)) if self.ops else None,
-            "alignment.layers.max_rel_error": _nan_max(layer_errors),
-            "alignment.layers.diverged": float(self.first_divergent_layer is not None),
+                          for o in checked)) if ops else None),
+            "alignment.ops.skipped": float(len(self.ops) - len(checked)) if ops else None,
+            "alignment.layers.max_rel_error": _nan_max([r.rel_error for r in self.layers]),
+            "alignment.layers.max_ratio_low": _nan_max([r.ratio_low for r in self.layers]),
+            "alignment.layers.diverged": float(sum(r.diverged for r in self.layers)),
             "alignment.logits.kl_mean": self.kl_mean,
             "alignment.logits.kl_p99": self.kl_p99,
+            "alignment.logits.kl_max": self.kl_max,
             "alignment.logits.kl_max_bucket": self.kl_max_bucket,
             "alignment.logits.top1_agreement": self.top1_agreement,
+            "alignment.control.kl_mean": self.control_kl_mean,
+            "alignment.control.top1_agreement": self.control_top1_agreement,
+            "alignment.vs_control.kl_mean_ratio": (self.comparison("kl_mean").ratio
+                                                   if self.comparison("kl_mean") else None),
+            "alignment.vs_control.kl_mean_ratio_low": low("kl_mean"),
+            "alignment.vs_control.kl_bucket_ratio_low": _nan_max(bucket_lows),
+            "alignment.vs_control.top1_disagreement_ratio_low": low("top1_disagreement"),
+            "alignment.vs_control.perplexity_ratio_low": low("perplexity"),
+            "alignment.vs_control.expert_disagreement_ratio_low": low("expert_disagreement"),
             "alignment.moe.expert_agreement": self.expert_agreement,
             "alignment.perplexity.reference": self.perplexity_reference,
             "alignment.perplexity.target": self.perplexity_target,
+            "alignment.perplexity.control": self.perplexity_control,
             "alignment.perplexity.rel_delta": self.perplexity_rel_delta,
             "alignment.generation.token_match_rate": (
-                sum(g.match_rate for g in self.generation) / len(self.generation)
-                if self.generation else None),
+                sum(g.match_rate for g in gens) / len(gens) if gens else None),
+            "alignment.generation.control_token_match_rate": (
+                sum(g.control_match_rate for g in gens) / len(gens) if gens else None),
             "alignment.generation.first_divergence": (
-                float(min(g.first_divergence for g in self.generation))
-                if self.generation else None),
+                float(min(g.first_divergence for g in gens)) if gens else None),
+            "alignment.coverage.fraction": self.covered_fraction,
             "alignment.nonfinite": float(self.nonfinite),
         }
 
@@ -137,22 +203,27 @@ def _nan_max(values: list[float]) -> float | None:
     return math.nan if any(math.isnan(v) for v in values) else max(values)
 
 
-def _forward(model, ids: torch.Tensor, side: str, plugins: list[str]) -> torch.Tensor:
-    """Logits [seq, vocab] on CPU float32; a target failure names the target and its plugins."""
-    try:
-        with torch.no_grad():
-            logits = model(input_ids=ids, use_cache=False).logits
-    except Exception as exc:
-        if side == "reference":
-            raise
-        raise StageError(f"target forward raised {type(exc).__name__}: "
-                         f"{str(exc).splitlines()[0] if str(exc) else ''}",
-                         field="target.plugins" if plugins else "target",
-                         fix="fix the target's kernels/plugins for the failing op") from exc
-    return logits[0].detach().to("cpu", torch.float32)
+def _is_control(target, reference) -> bool:
+    return (not target.plugins and target.device.split(":")[0] == reference.device.split(":")[0]
+            and target.runner != "deployment")
 
 
-def run(config: Config, inputs: StageInputs) -> Result:
+class Memo:
+    """Reference and control kept across run() calls on the same checkpoint and text (for
+    calibration and tests that validate many targets): loaded once, each window computed once.
+    Not used by the stage runner, where every stage is a fresh process."""
+
+    def __init__(self):
+        self.sides: dict[tuple, MemoSide] = {}
+
+    def side(self, name: str, source: str, device: str, dtype: str, load) -> MemoSide:
+        key = (name, source, device, dtype)
+        if key not in self.sides:
+            self.sides[key] = MemoSide(name, load(), device)
+        return self.sides[key]
+
+
+def run(config: Config, inputs: StageInputs, *, memo: Memo | None = None) -> Result:
     timings: dict[str, float] = {}
     clock = time.monotonic()
 
@@ -164,99 +235,181 @@ def run(config: Config, inputs: StageInputs) -> Result:
 
     target, reference = inputs.target, inputs.reference
     tolerances = load_tolerances(config.tolerance_file)
+    source_name = inputs.source
     # s3:// sources: streamed shard by shard into the local cache (unchanged ETags: no download)
     inputs = inputs.model_copy(update={"source": local_checkpoint(inputs.source, log=print)})
     lap("fetch")
-    if target.dtype not in tolerances.layers or target.dtype not in tolerances.ops.tolerances:
+    if target.dtype not in tolerances.ops.tolerances or \
+            target.dtype not in tolerances.control.floors.layer_rel_error:
         raise ConfigError(f"no tolerances for dtype {target.dtype}",
                           file=config.tolerance_file or "day0/data/tolerances.yaml",
-                          field="layers", fix=f"add a '{target.dtype}' entry under ops.tolerances "
-                                              "and layers")
+                          field="ops.tolerances", fix=f"add a '{target.dtype}' entry under "
+                          "ops.tolerances and control.floors.layer_rel_error")
+    problems: list[str] = []
+    if config.check_weights:
+        from day0 import sanity
+
+        problems += sanity.check_weights(inputs.source)
+        lap("weights")
     text_path = resolve_text_file(config.text_file, inputs.source)
     text = read_text(text_path)
     tokenizer = load_tokenizer(inputs.source, inputs.trust_remote_code)
-    ref = load_pretrained(inputs.source, device=reference.device, dtype=reference.dtype,
-                          trust_remote_code=inputs.trust_remote_code)
-    tgt = load_pretrained(inputs.source, device=target.device, dtype=target.dtype,
-                          trust_remote_code=inputs.trust_remote_code)
-    apply_plugins(tgt, target.plugins)
+
+    def load(side):
+        return load_pretrained(inputs.source, device=side.device, dtype=side.dtype,
+                               trust_remote_code=inputs.trust_remote_code)
+
+    control_profile = reference.model_copy(update={"dtype": target.dtype})
+    if memo is None:
+        ref_side = Side("reference", load(reference), reference.device)
+        ctl_side = Side("control", load(control_profile), reference.device)
+    else:
+        ref_side = memo.side("reference", inputs.source, reference.device, reference.dtype,
+                             lambda: load(reference))
+        ctl_side = memo.side("control", inputs.source, reference.device, target.dtype,
+                             lambda: load(control_profile))
+    ref, ctl = ref_side.model, ctl_side.model
+    same = _is_control(target, reference)
+    tgt = None if same else load(target)
+    if tgt is not None:
+        apply_plugins(tgt, target.plugins)
     lap("load")
 
     notes: list[str] = []
     max_pos = getattr(ref.config, "max_position_embeddings", None)
     seq_len = config.seq_len or min(max_pos or config.seq_len_cap, config.seq_len_cap)
     ids = tokenize(tokenizer, text, getattr(ref.config, "vocab_size", None))
-    wins = windows(ids, seq_len, config.max_windows)
-    span = max(len(w) for w in wins)
-    if span < seq_len:
-        notes.append(f"evaluation text has {len(ids)} tokens, fewer than seq_len {seq_len}: "
-                     f"positions >= {span} are not evaluated")
+    prefix = prefix_token(tokenizer)
+    wins, text_notes = windows(ids, seq_len, config.max_windows, prefix, config.context_tokens)
+    notes += text_notes
+    span = max(len(w.ids) for w in wins)
     if max_pos and seq_len > max_pos:
         notes.append(f"seq_len {seq_len} exceeds the trained context {max_pos}")
     if max_pos and span < max_pos:
-        notes.append(f"windows cover positions 0-{span - 1} of the trained context {max_pos}")
+        notes.append(f"windows cover positions 0-{span - 1} of the trained context {max_pos} "
+                     f"({span / max_pos:.1%}); raise seq_len_cap to reach further")
+    if prefix is None:
+        notes.append("the tokenizer has no BOS/EOS token: windows start mid-text; the first "
+                     f"{config.context_tokens} positions are context only")
 
     op_rows: list[OpRow] = []
     if config.check_ops:
-        op_ids = torch.tensor([ids[:config.op_tokens]], device=reference.device)
+        op_ids = torch.tensor([wins[0].ids[:config.op_tokens]], device=reference.device)
         op_rows = check_ops(ref, op_ids, device=target.device, dtype=target.dtype,
                             tolerances=tolerances, reference_inputs=config.reference_inputs)
         lap("ops")
 
     n_buckets = min(config.position_buckets, span)
-    ref_cap, tgt_cap = Capture(ref), Capture(tgt)
-    layer_acc = LayerAccumulator(len(ref_cap.layers), n_buckets)
-    logit_acc, router_acc = LogitAccumulator(), RouterAccumulator()
-    for window in wins:
-        x = torch.tensor([window])
-        with ref_cap:
-            ref_logits = _forward(ref, x.to(reference.device), "reference", target.plugins)
-        with tgt_cap:
-            tgt_logits = _forward(tgt, x.to(target.device), "target", target.plugins)
-        bucket_of = bucket_index(len(window), span, n_buckets)
-        layer_acc.add(ref_cap.hidden, tgt_cap.hidden, bucket_of)
-        router_acc.add(ref_cap.routes, tgt_cap.routes)
-        logit_acc.add(ref_logits, tgt_logits, x[0], bucket_of)
+    evidence = evaluate(wins, ref_side, ctl_side,
+                        None if same else Side("target", tgt, target.device, target.plugins),
+                        span=span, n_buckets=n_buckets, chunk=config.chunk_tokens)
     lap("windows")
 
-    if bad_ref := logit_acc.reference_nonfinite:
-        notes.append(f"the cpu/float32 REFERENCE produced {bad_ref} non-finite logits: "
-                     "the checkpoint itself is broken; target comparisons are meaningless")
-    layer_tol = tolerances.layers[target.dtype]
-    layer_rows = layer_acc.rows(layer_tol.rel_error, layer_tol.jump_factor, layer_tol.jump_floor)
-    first = next((r.layer for r in layer_rows if r.diverged), None)
-    summary, bucket_rows = logit_acc.summary(span, n_buckets)
+    result = _summarize(config, evidence, tolerances, target, span, n_buckets)
+    if bad_ref := evidence.logits.reference_nonfinite:
+        problems.append(f"the cpu/float32 reference produced {bad_ref} non-finite logits")
+    if config.check_weights:
+        problems += _perplexity_check(result["perplexity_reference"], ref.config, source_name,
+                                      inputs, text, seq_len, len(wins), bool(problems))
 
-    routers = router_acc.rows() if ref_cap.routers else None
-    agreement = exact = None
-    if ref_cap.routers and not router_acc.stats:
-        notes.append(f"found router modules {sorted(ref_cap.routers)[:3]} but none reported "
-                     "expert indices; expert agreement not computed")
-        routers = None
-    elif routers:
+    gen_rows = _generation(config, ids, prefix, tokenizer, ref, ctl, tgt, reference.device,
+                           target)
+    lap("generation")
+    covered = int(evidence.column("position_of").max()) + 1 if result["positions"] else 0
+    return Result(
+        target=target.label, claim=target.claim,
+        control=f"{reference.device}/{target.dtype}, no plugins", target_is_control=same,
+        plugins=list(target.plugins), text_file=str(text_path), text_tokens=len(ids),
+        seq_len=seq_len, prefix_token=prefix, context_tokens=wins[0].score_from,
+        max_position_embeddings=max_pos,
+        covered_fraction=covered / max_pos if max_pos else None, windows=len(wins),
+        ops=op_rows, generation=gen_rows, notes=notes, timings=timings,
+        checkpoint_problems=problems, **result)
+
+
+def _summarize(config: Config, evidence, tolerances, target, span: int, n_buckets: int) -> dict:
+    """Absolute statistics per side and the paired target-vs-control comparisons."""
+    control = tolerances.control
+    floors = control.floors
+    blocks = Blocks.build(evidence.column("window_of"), evidence.column("bucket_of"),
+                          control.block_size)
+    logits = evidence.logits
+    summary = logits.summary()
+    kl_t, kl_c = logits.column("kl_t"), logits.column("kl_c")
+    top1_t, top1_c = logits.column("top1_t"), logits.column("top1_c")
+    comparisons = ratios(["kl_mean"], kl_t, kl_c, blocks, floors.kl)
+    comparisons += ratios(["top1_disagreement"], (~top1_t.bool()).double(),
+                          (~top1_c.bool()).double(), blocks, floors.top1_disagreement)
+    has_next = logits.column("has_next").bool()
+    kept = Blocks.build(evidence.column("window_of")[has_next],
+                        evidence.column("bucket_of")[has_next], control.block_size)
+    comparisons.append(mean_excess("perplexity", logits.column("nll_t")[has_next],
+                                   logits.column("nll_c")[has_next], kept))
+    routed = evidence.routers.positions()
+    routers = evidence.routers.rows() or None
+    agreement = control_agreement = exact = None
+    if routed is not None and routers:
+        comparisons += ratios(["expert_disagreement"], routed[0], routed[1], blocks,
+                              floors.expert_disagreement)
         tokens = sum(r.tokens for r in routers)
         agreement = sum(r.jaccard * r.tokens for r in routers) / tokens
+        control_agreement = sum(r.control_jaccard * r.tokens for r in routers) / tokens
         exact = sum(r.exact * r.tokens for r in routers) / tokens
 
-    gen_rows = _generation(config, ids, tokenizer, ref, tgt, reference.device, target)
-    lap("generation")
-
-    return Result(
-        target=target.label, plugins=list(target.plugins), text_file=str(text_path),
-        seq_len=seq_len, max_position_embeddings=max_pos, windows=len(wins),
-        positions=summary["positions"], ops=op_rows, layers=layer_rows,
-        first_divergent_layer=first, buckets=bucket_rows, kl_mean=summary["kl_mean"],
+    bucket_rows = []
+    for b, (start, end) in enumerate(bucket_bounds(span, n_buckets)):
+        mask = evidence.column("bucket_of") == b
+        count = int(mask.sum())
+        cmp = ratios([f"kl_mean bucket {b}"], kl_t, kl_c, blocks, floors.kl,
+                     blocks.bucket_of_block == b)[0]
+        bucket_rows.append(BucketRow(
+            bucket=b, start=start, end=end, positions=count,
+            kl_mean=kl_t[mask].mean().item() if count else None,
+            control_kl_mean=kl_c[mask].mean().item() if count else None,
+            kl_ratio=cmp.ratio if count else None, kl_ratio_low=cmp.low if count else None,
+            top1_agreement=top1_t[mask].double().mean().item() if count else None,
+            control_top1_agreement=top1_c[mask].double().mean().item() if count else None))
+    bound = control.layer_ratio[target.claim]
+    layer_rows = evidence.layers.rows(blocks, n_buckets,
+                                      floors.layer_rel_error[target.dtype], bound)
+    first = next((r.layer for r in layer_rows if r.diverged), None)
+    bucket_kls = [r.kl_mean for r in bucket_rows if r.kl_mean is not None]
+    return dict(
+        positions=summary["positions"], layers=layer_rows, first_divergent_layer=first,
+        buckets=bucket_rows, comparisons=comparisons, kl_mean=summary["kl_mean"],
         kl_p99=summary["kl_p99"], kl_max=summary["kl_max"],
-        kl_max_bucket=summary["kl_max_bucket"], top1_agreement=summary["top1_agreement"],
-        routers=routers, expert_agreement=agreement, expert_exact_match=exact,
-        perplexity_reference=summary["perplexity_reference"],
+        kl_max_bucket=_nan_max(bucket_kls) if bucket_kls else math.nan,
+        top1_agreement=summary["top1_agreement"], control_kl_mean=summary["control_kl_mean"],
+        control_kl_p99=summary["control_kl_p99"],
+        control_top1_agreement=summary["control_top1_agreement"], routers=routers,
+        expert_agreement=agreement, control_expert_agreement=control_agreement,
+        expert_exact_match=exact, perplexity_reference=summary["perplexity_reference"],
         perplexity_target=summary["perplexity_target"],
-        perplexity_rel_delta=summary["perplexity_rel_delta"], generation=gen_rows,
-        nonfinite=summary["nonfinite"] + sum(r.nonfinite for r in layer_rows),
-        notes=notes, timings=timings)
+        perplexity_control=summary["perplexity_control"],
+        perplexity_rel_delta=summary["perplexity_rel_delta"],
+        nonfinite=summary["nonfinite"] + sum(r.nonfinite for r in layer_rows))
 
 
-def _generation(config: Config, ids, tokenizer, ref, tgt, ref_device: str, target
+def _perplexity_check(ppl_ref: float, model_config, source: str, inputs: StageInputs, text: str,
+                      seq_len: int, n_windows: int, already_broken: bool) -> list[str]:
+    """The reference perplexity must be far from a uniform guess and near the score this
+    model/revision had before on the same text and windows (stored after a sane run)."""
+    from day0 import sanity
+
+    revision = getattr(inputs, "revision", None)
+    key = None
+    if revision:
+        digest = hashlib.sha256(f"{text}|{seq_len}|{n_windows}".encode()).hexdigest()[:16]
+        key = f"{source}@{revision}#{digest}"
+    stored = sanity.stored_reference_perplexity(key) if key else None
+    found = sanity.perplexity_problems(ppl_ref, getattr(model_config, "vocab_size", 0) or 0,
+                                       stored)
+    if key and stored is None and not found and not already_broken and math.isfinite(ppl_ref):
+        sanity.store_reference_perplexity(key, ppl_ref)
+    return found
+
+
+def _generation(config: Config, ids, prefix, tokenizer, ref, ctl, tgt, ref_device: str, target
                 ) -> list[gen.GenerationRow]:
     from transformers.utils import logging as hf_logging
 
@@ -267,22 +420,27 @@ def _generation(config: Config, ids, tokenizer, ref, tgt, ref_device: str, targe
     previous = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     chosen = prompts(ids, config.generation_prompts, config.prompt_tokens)
-    batch = [prompt for _, prompt in chosen]
+    head = [prefix] if prefix is not None else []
+    batch = [head + prompt for _, prompt in chosen]
     try:
         refs = gen.greedy(ref, batch, config.new_tokens, ref_device, pad)
+        ctls = gen.greedy(ctl, batch, config.new_tokens, ref_device, pad)
         try:
-            tgts = gen.greedy(tgt, batch, config.new_tokens, target.device, pad)
+            tgts = ctls if tgt is None else gen.greedy(tgt, batch, config.new_tokens,
+                                                       target.device, pad)
         except Exception as exc:
             raise StageError(f"target generate() raised {type(exc).__name__}: {exc}",
                              field="target.plugins" if target.plugins else "target",
                              fix="fix the target's kernels/plugins (cached decoding path)"
                              ) from exc
-        for (start, prompt), r, t in zip(chosen, refs, tgts):
+        for (start, prompt), r, c, t in zip(chosen, refs, ctls, tgts):
             rate, first = gen.compare(r, t, config.new_tokens)
+            control_rate, _ = gen.compare(r, c, config.new_tokens)
             rows.append(gen.GenerationRow(
                 prompt_start=start, prompt_tokens=len(prompt), new_tokens=config.new_tokens,
-                match_rate=rate, first_divergence=first,
-                reference_text=tokenizer.decode(r), target_text=tokenizer.decode(t)))
+                match_rate=rate, first_divergence=first, control_match_rate=control_rate,
+                reference_text=tokenizer.decode(r), target_text=tokenizer.decode(t),
+                control_text=tokenizer.decode(c)))
     finally:
         hf_logging.set_verbosity(previous)
     return rows

@@ -15,8 +15,10 @@ class GenerationRow(Row):
     match_rate: float = Field(description="Fraction of generated positions with the same token.")
     first_divergence: int = Field(description="First differing generated position "
                                               "(= new_tokens when identical).")
+    control_match_rate: float = Field(0.0, description="The control's match rate, same prompt.")
     reference_text: str = Field(description="Reference continuation (decoded).")
     target_text: str = Field(description="Target continuation (decoded).")
+    control_text: str = Field("", description="Control continuation (decoded).")
 
 
 def greedy(model, prompts: list[list[int]], new_tokens: int, device: str, pad_id: int | None

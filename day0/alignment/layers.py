@@ -1,8 +1,9 @@
 """Per-layer capture and comparison: decoder-layer outputs and MoE expert selections.
 
 Forward hooks copy every decoder layer's output hidden states (and every router's selected
-experts) to CPU during one forward. Errors accumulate over all windows as sums of squares per
-(layer, position bucket), so the relative error of a bucket is exact over the whole evaluation.
+experts) to CPU during one forward (one chunk of a window). Squared errors of the target and of
+the control against the reference are kept per scored position and layer, so relative errors
+per bucket are exact over the whole evaluation and the target/control ratio can be bootstrapped.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 from pydantic import Field
 
 from day0.alignment.base import Row
+from day0.alignment.paired import Blocks, ratios
 
 from day0.modeling import decoder_layers
 
@@ -108,66 +110,95 @@ class Capture:
 
 class LayerRow(Row):
     layer: int = Field(description="Decoder layer index.")
-    rel_error: float = Field(description="||t-r||/||r|| over all positions and windows.")
+    rel_error: float = Field(description="Target: ||t-r||/||r|| over all scored positions.")
+    control_rel_error: float = Field(description="Control: ||c-r||/||r|| over the same positions.")
+    ratio: float = Field(description="Target error / control error (control floored), whole layer.")
+    ratio_low: float = Field(description=(
+        "Largest over position buckets of the 95 % lower bound of target/control error; the "
+        "layer diverges when this exceeds `bound`."))
+    bound: float = Field(description="Allowed target/control error ratio (tolerances.yaml).")
     max_abs_error: float = Field(description="Largest element-wise |t-r|.")
-    worst_bucket: int = Field(description="Position bucket with the largest relative error.")
-    worst_bucket_rel_error: float = Field(description="Relative error in that bucket.")
-    bucket_rel_errors: list[float] = Field(description="Relative error per position bucket.")
+    worst_bucket: int = Field(description="Position bucket with the largest ratio lower bound.")
+    worst_bucket_rel_error: float = Field(description="Target relative error in that bucket.")
+    bucket_rel_errors: list[float] = Field(description="Target relative error per bucket.")
+    bucket_control_rel_errors: list[float] = Field(description="Control relative error per bucket.")
     nonfinite: int = Field(description="Non-finite elements in the target's output.")
-    diverged: bool = Field(description="Exceeds the layer tolerance or jumps over the previous.")
+    diverged: bool = Field(description="Non-finite, or worse than the control beyond the bound.")
 
 
 class LayerAccumulator:
-    def __init__(self, n_layers: int, n_buckets: int):
-        self.diff2 = torch.zeros(n_layers, n_buckets, dtype=torch.float64)
-        self.ref2 = torch.zeros(n_layers, n_buckets, dtype=torch.float64)
+    """Per scored position and layer: squared error of target and control, squared reference."""
+
+    def __init__(self, n_layers: int):
+        self.n_layers = n_layers
+        self.d2_t: list[torch.Tensor] = []   # chunks of [n, layers]
+        self.d2_c: list[torch.Tensor] = []
+        self.r2: list[torch.Tensor] = []
         self.max_abs = [0.0] * n_layers
         self.nonfinite = [0] * n_layers
         self.missing: set[int] = set()
 
-    def add(self, ref: list, tgt: list, bucket_of: torch.Tensor) -> None:
-        """bucket_of: [seq] bucket index of each position of this window."""
-        n_buckets = self.diff2.shape[1]
-        for i, (r, t) in enumerate(zip(ref, tgt)):
-            if r is None or t is None or r.shape != t.shape:
+    @staticmethod
+    def _per_position(x: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
+        # [.., seq, hidden] -> [seq] sums of squares; NaN in the target stays NaN.
+        return x.double().pow(2).sum(-1).reshape(-1, x.shape[-2]).sum(0)[scored]
+
+    def add(self, ref: list, ctl: list, tgt: list, scored: torch.Tensor) -> None:
+        """One chunk of one window: hidden states per layer; scored: [seq] bool mask."""
+        n = int(scored.sum())
+        d2_t = torch.full((n, self.n_layers), math.nan, dtype=torch.float64)
+        d2_c, r2 = d2_t.clone(), d2_t.clone()
+        for i, (r, c, t) in enumerate(zip(ref, ctl, tgt)):
+            if r is None or t is None or c is None or r.shape != t.shape or r.shape != c.shape:
                 self.missing.add(i)
                 continue
-            diff = (t.double() - r.double())
-            # [.., seq, hidden] -> per position sums; NaN in the target stays NaN.
-            d2 = diff.pow(2).sum(-1).reshape(-1, r.shape[-2]).sum(0)
-            r2 = r.double().pow(2).sum(-1).reshape(-1, r.shape[-2]).sum(0)
-            self.diff2[i] += torch.zeros(n_buckets, dtype=torch.float64).index_add(0, bucket_of, d2)
-            self.ref2[i] += torch.zeros(n_buckets, dtype=torch.float64).index_add(0, bucket_of, r2)
-            m = diff.abs().max().item()
+            diff = t.double() - r.double()
+            d2_t[:, i] = self._per_position(diff, scored)
+            d2_c[:, i] = self._per_position(c.double() - r.double(), scored)
+            r2[:, i] = self._per_position(r, scored)
+            sel = diff.reshape(-1, r.shape[-2], r.shape[-1])[:, scored]
+            m = sel.abs().max().item() if sel.numel() else 0.0
             if math.isnan(m) or m > self.max_abs[i]:  # a NaN, once seen, is kept
                 self.max_abs[i] = m
             self.nonfinite[i] += int((~torch.isfinite(t)).sum())
+        self.d2_t.append(d2_t)
+        self.d2_c.append(d2_c)
+        self.r2.append(r2)
 
-    def rows(self, rel_tol: float, jump_factor: float, jump_floor: float) -> list[LayerRow]:
-        rows, previous = [], 0.0
-        for i in range(self.diff2.shape[0]):
-            overall = _rel(self.diff2[i].sum().item(), self.ref2[i].sum().item())
-            buckets = [_rel(d, r) for d, r in zip(self.diff2[i].tolist(), self.ref2[i].tolist())]
+    def rows(self, blocks: Blocks, n_buckets: int, floor: float, bound: float) -> list[LayerRow]:
+        d2_t, d2_c, r2 = (torch.cat(x) for x in (self.d2_t, self.d2_c, self.r2))
+        scale = r2.mean(0).clamp(min=1e-300)           # per layer: errors relative to ||r||
+        overall = ratios([f"layer {i}" for i in range(self.n_layers)], d2_t / scale,
+                         d2_c / scale, blocks, floor, root=True)
+        per_bucket = []
+        for b in range(n_buckets):
+            subset = blocks.bucket_of_block == b
+            in_bucket = (blocks.bucket_of_block[blocks.block_of] == b)
+            bscale = r2[in_bucket].mean(0).clamp(min=1e-300) if bool(in_bucket.any()) else scale
+            per_bucket.append(ratios([f"layer {i} bucket {b}" for i in range(self.n_layers)],
+                                     d2_t / bscale, d2_c / bscale, blocks, floor, subset,
+                                     root=True))
+        rows = []
+        for i in range(self.n_layers):
+            cells = [per_bucket[b][i] for b in range(n_buckets)]
+            lows = [c.low if c.positions else -math.inf for c in cells]
             if i in self.missing:
-                overall, buckets = math.nan, [math.nan] * len(buckets)
-            worst = _worst(buckets)
-            err = buckets[worst]
-            diverged = (not math.isfinite(err) or err > rel_tol
-                        or err > jump_factor * max(previous, jump_floor))
-            rows.append(LayerRow(layer=i, rel_error=overall, max_abs_error=self.max_abs[i],
-                                 worst_bucket=worst, worst_bucket_rel_error=err,
-                                 bucket_rel_errors=buckets, nonfinite=self.nonfinite[i],
-                                 diverged=diverged))
-            previous = err if math.isfinite(err) else previous
+                lows = [math.nan] * n_buckets
+            worst_b = _worst(lows)
+            low = lows[worst_b]
+            target_err = math.nan if i in self.missing else overall[i].target
+            diverged = (not math.isfinite(low) or low > bound or not math.isfinite(target_err)
+                        or self.nonfinite[i] > 0)
+            rows.append(LayerRow(
+                layer=i, rel_error=target_err,
+                control_rel_error=math.nan if i in self.missing else overall[i].control,
+                ratio=math.nan if i in self.missing else overall[i].ratio,
+                ratio_low=low, bound=bound, max_abs_error=self.max_abs[i], worst_bucket=worst_b,
+                worst_bucket_rel_error=cells[worst_b].target if i not in self.missing else math.nan,
+                bucket_rel_errors=[c.target if c.positions else math.nan for c in cells],
+                bucket_control_rel_errors=[c.control if c.positions else math.nan for c in cells],
+                nonfinite=self.nonfinite[i], diverged=diverged))
         return rows
-
-
-def _rel(diff2: float, ref2: float) -> float:
-    if math.isnan(diff2):
-        return math.nan
-    if ref2 == 0.0:
-        return 0.0 if diff2 == 0.0 else math.inf
-    return math.sqrt(diff2 / ref2)
 
 
 def _worst(values: list[float]) -> int:
@@ -180,31 +211,54 @@ def _worst(values: list[float]) -> int:
 
 class RouterRow(Row):
     router: str = Field(description="Qualified module name of the router.")
-    tokens: int = Field(description="Token routings compared.")
-    jaccard: float = Field(description="Mean Jaccard index of the selected expert sets.")
-    exact: float = Field(description="Fraction of tokens with the identical expert set.")
+    tokens: int = Field(description="Scored token routings compared.")
+    jaccard: float = Field(description="Target: mean Jaccard index of the selected expert sets.")
+    exact: float = Field(description="Target: fraction of tokens with the identical expert set.")
+    control_jaccard: float = Field(description="Control: mean Jaccard index, same tokens.")
+
+
+def _jaccard(r: torch.Tensor, t: torch.Tensor | None) -> torch.Tensor:
+    """[tokens] Jaccard index of selected expert sets; a missing routing agrees nowhere."""
+    if t is None or t.shape != r.shape:
+        return torch.zeros(r.shape[0], dtype=torch.float64)
+    inter = (r.unsqueeze(-1) == t.unsqueeze(-2)).any(-1).sum(-1).double()
+    return inter / (r.shape[-1] + t.shape[-1] - inter)
 
 
 class RouterAccumulator:
-    def __init__(self):
-        self.stats: dict[str, list[float]] = {}  # name -> [tokens, jaccard_sum, exact_sum]
+    """Expert-set agreement with the reference per router, and per scored position (mean over
+    routers) for the paired comparison of target and control."""
 
-    def add(self, ref: dict[str, torch.Tensor], tgt: dict[str, torch.Tensor]) -> None:
+    def __init__(self):
+        self.stats: dict[str, list[float]] = {}  # name -> [tokens, jacc_t, exact_t, jacc_c]
+        self.disagree_t: list[torch.Tensor] = []
+        self.disagree_c: list[torch.Tensor] = []
+
+    def add(self, ref: dict[str, torch.Tensor], ctl: dict[str, torch.Tensor],
+            tgt: dict[str, torch.Tensor], scored: torch.Tensor) -> None:
+        per_t, per_c = [], []
         for name, r in ref.items():
-            t = tgt.get(name)
-            entry = self.stats.setdefault(name, [0, 0.0, 0.0])
-            if t is None or t.shape != r.shape:
-                # The target's router did not report the same routing: count total disagreement.
-                entry[0] += r.shape[0]
-                continue
-            hits = (r.unsqueeze(-1) == t.unsqueeze(-2)).any(-1)      # [tokens, k]
-            inter = hits.sum(-1).double()
-            union = r.shape[-1] + t.shape[-1] - inter
-            entry[0] += r.shape[0]
-            entry[1] += (inter / union).sum().item()
-            entry[2] += (inter == r.shape[-1]).double().sum().item()
+            if r.shape[0] != scored.shape[0]:
+                continue  # a router that does not see one row per position cannot be paired
+            jt, jc = _jaccard(r, tgt.get(name))[scored], _jaccard(r, ctl.get(name))[scored]
+            entry = self.stats.setdefault(name, [0, 0.0, 0.0, 0.0])
+            entry[0] += int(jt.numel())
+            entry[1] += jt.sum().item()
+            entry[2] += (jt == 1).double().sum().item()
+            entry[3] += jc.sum().item()
+            per_t.append(1 - jt)
+            per_c.append(1 - jc)
+        if per_t:
+            self.disagree_t.append(torch.stack(per_t).mean(0))
+            self.disagree_c.append(torch.stack(per_c).mean(0))
+
+    def positions(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Per scored position: mean expert-set disagreement (1 - Jaccard) of target, control."""
+        if not self.disagree_t:
+            return None
+        return torch.cat(self.disagree_t), torch.cat(self.disagree_c)
 
     def rows(self) -> list[RouterRow]:
         return [RouterRow(router=name, tokens=int(n), jaccard=j / n if n else math.nan,
-                          exact=e / n if n else math.nan)
-                for name, (n, j, e) in self.stats.items()]
+                          exact=e / n if n else math.nan, control_jaccard=c / n if n else math.nan)
+                for name, (n, j, e, c) in self.stats.items()]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from day0.errors import ConfigError, InputError
@@ -69,16 +70,54 @@ def tokenize(tokenizer, text: str, vocab_size: int | None = None) -> list[int]:
     return list(ids)
 
 
-def windows(ids: list[int], seq_len: int, max_windows: int) -> list[list[int]]:
-    """Consecutive non-overlapping windows of seq_len tokens (the last may be shorter only when
-    the whole text is shorter than one window)."""
+@dataclass
+class Window:
+    """One evaluation window: model input from position 0, the first positions context only."""
+
+    ids: list[int] = field(repr=False)
+    score_from: int = 0          # positions < score_from are context: computed, never scored
+    text_offset: int = 0         # index of ids[prefix] in the tokenized text
+
+
+def prefix_token(tokenizer) -> int | None:
+    """The token a document starts with, as lm-eval's HF model chooses it: BOS, else EOS."""
+    for attr in ("bos_token_id", "eos_token_id"):
+        value = getattr(tokenizer, attr, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def windows(ids: list[int], seq_len: int, max_windows: int, prefix: int | None = None,
+            context_tokens: int = 0) -> tuple[list[Window], list[str]]:
+    """Consecutive non-overlapping windows of seq_len model positions over the text.
+
+    Each window starts like a document (the prefix token when the tokenizer has one) so no
+    scored position lacks the start-of-sequence anchor a model is trained with; the first
+    context_tokens positions are context only, so every scored position has real text before it
+    (a window cut mid-text otherwise turns its second token into an attention sink and scores
+    nonsense there). A text shorter than one window is repeated to fill it (noted).
+    """
+    notes: list[str] = []
     if len(ids) < 2:
         raise ConfigError("evaluation text tokenizes to fewer than 2 tokens", field="text_file",
                           fix="give a longer text")
-    if len(ids) < seq_len:
-        return [ids]
-    count = min(max_windows, len(ids) // seq_len)
-    return [ids[i * seq_len:(i + 1) * seq_len] for i in range(count)]
+    head = [prefix] if prefix is not None else []
+    body = seq_len - len(head)
+    if body < 2:
+        raise ConfigError(f"seq_len {seq_len} leaves no room for text", field="seq_len",
+                          fix="use seq_len >= 3")
+    score_from = min(max(context_tokens, len(head)), seq_len - 2)
+    if len(ids) < body:
+        repeats = -(-body // (len(ids) + len(head)))
+        filled = (ids + head) * repeats
+        notes.append(f"evaluation text has {len(ids)} tokens, fewer than one window of "
+                     f"{seq_len}: it is repeated {repeats}x to reach the far positions "
+                     "(give a longer text for an independent sample)")
+        return [Window(head + filled[:body], score_from, 0)], notes
+    count = min(max_windows, len(ids) // body)
+    return [Window(head + ids[i * body:(i + 1) * body], score_from, i * body)
+            for i in range(count)], notes
 
 
 def prompts(ids: list[int], count: int, length: int) -> list[tuple[int, list[int]]]:

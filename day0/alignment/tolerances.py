@@ -44,16 +44,29 @@ class OpsSection(_Strict):
         description="Per target dtype.")
 
 
-class LayerTolerance(_Strict):
-    rel_error: float = Field(gt=0, description="Max relative error of a layer's output.")
-    jump_factor: float = Field(gt=1, description="Max growth of the error over the layer before.")
-    jump_floor: float = Field(ge=0, description="Errors below this never count as a jump.")
+Claim = Literal["faithful", "int8", "fp8", "int4"]
+
+
+class ControlFloors(_Strict):
+    kl: float = Field(gt=0, description="Mean KL (nats) below which the control counts as this.")
+    top1_disagreement: float = Field(gt=0, description="Top-1 disagreement fraction floor.")
+    expert_disagreement: float = Field(gt=0, description="Expert-set disagreement (1 - Jaccard) "
+                                                         "floor.")
+    layer_rel_error: dict[Literal["bfloat16", "float16", "float32"], float] = Field(
+        description="Layer relative error floor by target dtype (rounding level of the dtype).")
+
+
+class ControlSection(_Strict):
+    block_size: int = Field(ge=1, description="Consecutive positions per bootstrap block.")
+    floors: ControlFloors = Field(description="Control values below these are noise.")
+    layer_ratio: dict[Claim, float] = Field(description=(
+        "A layer diverges when the 95 % lower bound of its target/control relative-error ratio, "
+        "in its worst position bucket, exceeds this; by the target's claim."))
 
 
 class Tolerances(_Strict):
     ops: OpsSection = Field(description="Per-operator replay tolerances.")
-    layers: dict[Literal["bfloat16", "float16", "float32"], LayerTolerance] = Field(
-        description="Per-layer hidden-state tolerances by target dtype.")
+    control: ControlSection = Field(description="Target vs control comparison settings.")
 
     def op_kind(self, name: str) -> OpKind:
         """Kind of an aten op given its overload-packet name (e.g. 'mm', '_softmax')."""

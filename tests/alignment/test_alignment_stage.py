@@ -59,6 +59,30 @@ def test_noop_metrics_are_sane(noop, tiny_llama):
     assert 0 <= m["alignment.generation.token_match_rate"] <= 1
     assert len(noop.layers) == read_config_dict(tiny_llama)["num_hidden_layers"]
     assert len(noop.buckets) == 4 and noop.buckets[-1].end == noop.seq_len
+    # a plugin makes the target a separate model; noop computes exactly what the control does
+    assert not noop.target_is_control
+    assert m["alignment.vs_control.kl_mean_ratio"] == 1.0
+    assert m["alignment.vs_control.kl_mean_ratio_low"] == 1.0
+    assert m["alignment.layers.max_ratio_low"] == 1.0
+    assert m["alignment.control.kl_mean"] == m["alignment.logits.kl_mean"]
+    assert noop.context_tokens == 8 and noop.prefix_token is not None
+    assert noop.positions == noop.windows * (noop.seq_len - noop.context_tokens)
+
+
+def test_a_target_without_plugins_on_the_reference_device_is_the_control(tiny_llama, eval_text):
+    result = _run(tiny_llama, text=eval_text, **FAST)
+    assert result.target_is_control and result.control == "cpu/bfloat16, no plugins"
+    assert result.metrics()["alignment.vs_control.kl_mean_ratio"] == 1.0
+    assert result.kl_mean > 0  # bf16 still differs from the float32 reference
+
+
+def test_chunked_long_window_equals_one_forward(tiny_llama, eval_text):
+    whole = _run(tiny_llama, ["noop"], dtype="float32", text=eval_text, **FAST)
+    chunked = _run(tiny_llama, ["noop"], dtype="float32", text=eval_text, chunk_tokens=48,
+                   **FAST)
+    assert chunked.perplexity_reference == pytest.approx(whole.perplexity_reference, rel=1e-5)
+    assert chunked.positions == whole.positions
+    assert chunked.kl_max < 1e-6 and chunked.first_divergent_layer is None
 
 
 def test_metric_names_match_the_declared_list(noop):
@@ -75,7 +99,7 @@ def test_perturbed_layer_is_the_first_divergent(tiny_llama, eval_text, noop_fast
     assert result.first_divergent_layer == chosen
     assert all(not row.diverged for row in result.layers[:chosen])
     assert result.kl_mean > 50 * noop_fast.kl_mean
-    assert result.metrics()["alignment.layers.diverged"] == 1.0
+    assert result.metrics()["alignment.layers.diverged"] >= 1.0
 
 
 def test_far_position_corruption_is_localized(tiny_llama, eval_text, noop_fast):
@@ -172,3 +196,36 @@ def test_through_the_stage_contract(tiny_llama, eval_text):
     assert math.isnan(Result.model_validate(back.result).kl_mean)
     bad = execute(StageSpec(stage="alignment", config={"seq_lenn": 3}, inputs=inputs))
     assert bad.failure == "config" and "seq_len" in bad.error
+
+
+def _alignment_gates_failing(result: Result, claim: str = "faithful") -> set[str]:
+    from day0.gates import GatesFile, evaluate, load_gates
+
+    gates = GatesFile(gates=[g for g in load_gates().gates if g.metric.startswith("alignment.")
+                             and g.severity == "error"])
+    return {g.id for g in evaluate(gates, result.metrics(), is_moe=bool(result.routers),
+                                   claim=claim) if g.applicable and not g.passed}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fixture", ["tiny-llama", "tiny-qwen3moe", "tiny-deepseekv3"])
+def test_rope_base_and_expert_swap_fail_on_every_fixture(fixture, eval_text):
+    """Faults that absolute thresholds tuned on the fixtures let through (RoPE base 10 % low:
+    KL 7e-4 on DeepSeek) fail against the control; the control itself passes."""
+    from day0.alignment import Memo
+
+    source = PLUGINS.parents[0] / "fixtures" / "models" / fixture
+    memo = Memo()
+
+    def check(plugins):
+        target = Target(name="cpu-bf16", device="cpu", dtype="bfloat16",
+                        plugins=[str(PLUGINS / f"{p}.py") for p in plugins])
+        return run(Config(text_file=str(eval_text), **FAST),
+                   StageInputs(source=str(source), target=target), memo=memo)
+
+    assert _alignment_gates_failing(check(["noop"])) == set()
+    rope = _alignment_gates_failing(check(["rope_base_low"]))
+    assert {"kl-vs-control", "layers-aligned"} <= rope
+    if fixture != "tiny-llama":
+        swap = _alignment_gates_failing(check(["expert_swap"]))
+        assert {"kl-vs-control", "layers-aligned"} <= swap

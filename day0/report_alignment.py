@@ -1,0 +1,108 @@
+"""The alignment part of report.md: target vs control vs reference, with every piece of evidence
+the gates read (windows, text, per-bucket KL, per-layer ratios, generation, per-op table)."""
+
+from __future__ import annotations
+
+import math
+
+
+def _f(value, digits: int = 4) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, str):  # NaN/Infinity as written by ser_json_inf_nan="strings"
+        return value
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return str(value) if not math.isfinite(value) else f"{value:.{digits}g}"
+    return str(value)
+
+
+def _table(head: list[str], rows: list[list]) -> str:
+    if not rows:
+        return "_none_\n"
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(_f(c).replace("|", "\\|").replace("\n", " ") for c in row) + " |"
+              for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+DEFINITIONS = (
+    "Populations: every KL, top-1 and perplexity figure is over the *scored positions*: all "
+    "positions of every window except the first `context_tokens` (the start token and the "
+    "context after it). `mean` is the mean over those positions; `p99` their 99th percentile "
+    "(it can sit below the mean when a few positions carry most of the KL). The *control* is the "
+    "reference implementation at the target's dtype on the reference device, no plugins: what a "
+    "correct port costs. *ratio* = target / control (control floored at the noise level); "
+    "*low*/*high* = its 95 % confidence bounds from a paired block bootstrap over positions. "
+    "Relative gates read *low*.")
+
+
+def alignment_markdown(a: dict) -> str:
+    if not a or "layers" not in a:
+        return ""
+    parts = ["## Alignment: target vs control vs reference\n"]
+    max_pos = a.get("max_position_embeddings")
+    parts += [
+        f"- target: {a.get('target')}, claim **{a.get('claim', 'faithful')}**; control: "
+        f"{a.get('control')}" + (" (the target *is* the control: relative gates compare it with "
+                                 "itself; absolute bounds decide)" if a.get("target_is_control")
+                                 else ""),
+        f"- text: `{a.get('text_file')}` ({_f(a.get('text_tokens'))} tokens); "
+        f"{_f(a.get('windows'))} window(s) of {_f(a.get('seq_len'))} positions, start token "
+        f"{_f(a.get('prefix_token'))}, first {_f(a.get('context_tokens'))} positions context only; "
+        f"{_f(a.get('positions'))} scored positions",
+        f"- coverage: {_f(a.get('covered_fraction'))} of the trained context {_f(max_pos)}",
+        f"- first divergent layer: {_f(a.get('first_divergent_layer'))}",
+    ]
+    parts += [f"- note: {n}" for n in a.get("notes") or []]
+    parts += ["", DEFINITIONS, ""]
+    rows = [[c.get("metric"), c.get("target"), c.get("control"), c.get("ratio"), c.get("low"), c.get("high"),
+             c.get("positions")] for c in a.get("comparisons") or []]
+    parts += ["### Paired comparisons\n",
+              _table(["statistic", "target", "control", "ratio", "low", "high", "positions"], rows)]
+    parts += ["### Logits against the reference\n", _table(
+        ["side", "KL mean", "KL p99", "KL max", "top-1 agreement", "perplexity"],
+        [["target", a.get("kl_mean"), a.get("kl_p99"), a.get("kl_max"), a.get("top1_agreement"),
+          a.get("perplexity_target")],
+         ["control", a.get("control_kl_mean"), a.get("control_kl_p99"), None,
+          a.get("control_top1_agreement"), a.get("perplexity_control")],
+         ["reference", 0.0, 0.0, 0.0, 1.0, a.get("perplexity_reference")]])]
+    parts += ["### KL by position bucket\n", _table(
+        ["bucket", "positions", "n", "target KL", "control KL", "ratio", "low", "target top-1",
+         "control top-1"],
+        [[b.get("bucket"), f"{b['start']}-{b['end'] - 1}", b.get("positions"), b.get("kl_mean"),
+          b.get("control_kl_mean"), b.get("kl_ratio"), b.get("kl_ratio_low"),
+          b.get("top1_agreement"), b.get("control_top1_agreement")] for b in a.get("buckets") or []])]
+    parts += ["### Per-layer relative error ||x - reference|| / ||reference||\n", _table(
+        ["layer", "target", "control", "ratio", "low (worst bucket)", "bound", "worst bucket",
+         "diverged"],
+        [[r.get("layer"), r.get("rel_error"), r.get("control_rel_error"), r.get("ratio"),
+          r.get("ratio_low"), r.get("bound"), r.get("worst_bucket"), r.get("diverged")]
+         for r in a["layers"]])]
+    if a.get("routers"):
+        parts += ["### MoE routing (Jaccard of expert sets with the reference)\n", _table(
+            ["router", "tokens", "target", "exact", "control"],
+            [[r.get("router"), r.get("tokens"), r.get("jaccard"), r.get("exact"), r.get("control_jaccard")]
+             for r in a["routers"]])]
+    if a.get("generation"):
+        parts += ["### Greedy generation\n", _table(
+            ["prompt at", "target match", "control match", "first divergence", "reference",
+             "target"],
+            [[g.get("prompt_start"), g.get("match_rate"), g.get("control_match_rate"),
+              g.get("first_divergence"), (g.get("reference_text") or "")[:80], (g.get("target_text") or "")[:80]]
+             for g in a["generation"]])]
+    parts += ["### Operator replay\n", a.get("op_check_scope", ""), ""]
+    ops = a.get("ops") or []
+    bad = [o for o in ops if o.get("status") != "ok"]
+    parts.append(f"{len(ops)} ops, {sum(o['status'] == 'ok' for o in ops)} ok, "
+                 f"{len(bad)} not ok.\n")
+    parts.append(_table(["op", "kind", "calls", "status", "max |t-r|", "tolerance ratio",
+                         "reason"],
+                        [[o.get("op"), o.get("kind"), o.get("calls"), o.get("status"), o.get("max_abs_error"),
+                          o.get("tolerance_ratio"), o.get("reason") or ""]
+                         for o in bad + [o for o in ops if o.get("status") == "ok"]]))
+    return "\n".join(parts)
+
+
+__all__ = ["alignment_markdown"]
