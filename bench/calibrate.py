@@ -103,7 +103,10 @@ def run_case(source, text, memo, name, dtype, plugins, claim, gates_file):
     target = Target(name=name.replace(" ", "-"), device="cpu", dtype=dtype, claim=claim,
                     plugins=[str(PLUGINS / f"{p}.py") for p in plugins])
     started = time.monotonic()
-    result = run(Config(text_file=str(text) if text else None, check_weights=False),
+    # generation is a warning-only gate; off here because it dominates torch.compile's cost
+    # (every decoding shape compiles) and decides no verdict
+    result = run(Config(text_file=str(text) if text else None, check_weights=False,
+                        generation_prompts=0),
                  StageInputs(source=str(source), target=target), memo=memo)
     seconds = time.monotonic() - started
     verdict, gates = judge(result, target, gates_file)
@@ -147,11 +150,6 @@ def calibrate(source: Path, repeats: int, moe: bool, gates_file, fault_filter=No
     rows = []
     for i, (text_name, text) in enumerate(texts(repeats, first_text)):
         memo = Memo()
-        for name, dtype, plugins, claim in STACKS:
-            result, verdict, gates, secs = run_case(source, text, memo, name, dtype, plugins,
-                                                    claim, gates_file)
-            rows.append(row("stack", name, text_name, verdict, gates, secs))
-            print(_line(rows[-1]), flush=True)
         if i == 0:
             for name, dtype, plugins, expected, moe_only in FAULTS:
                 if (moe_only and not moe) or (fault_filter and plugins[0] not in fault_filter):
@@ -171,6 +169,11 @@ def calibrate(source: Path, repeats: int, moe: bool, gates_file, fault_filter=No
                 r["first_divergent_layer"] = result.first_divergent_layer
                 rows.append(r)
                 print(_line(rows[-1]), flush=True)
+        for name, dtype, plugins, claim in STACKS:
+            result, verdict, gates, secs = run_case(source, text, memo, name, dtype, plugins,
+                                                    claim, gates_file)
+            rows.append(row("stack", name, text_name, verdict, gates, secs))
+            print(_line(rows[-1]), flush=True)
         del memo
     return rows
 

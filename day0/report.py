@@ -146,7 +146,7 @@ def to_markdown(report: Report) -> str:
                                        "error": s.error or ""}
                                       for n, s in report.stages.items()])]
     if report.alignment.get("layers"):
-        parts.append(alignment_markdown(report.alignment))
+        parts.append(alignment_markdown(report.alignment, report.gates))
     if report.scan:
         parts += ["## Operator coverage\n",
                   f"- coverage: {_fmt(report.scan.get('coverage'))}",

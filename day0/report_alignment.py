@@ -21,7 +21,8 @@ def _f(value, digits: int = 4) -> str:
 def _table(head: list[str], rows: list[list]) -> str:
     if not rows:
         return "_none_\n"
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = ["| " + " | ".join(h.replace("|", "\\|") for h in head) + " |",
+             "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(_f(c).replace("|", "\\|").replace("\n", " ") for c in row) + " |"
               for row in rows]
     return "\n".join(lines) + "\n"
@@ -38,7 +39,68 @@ DEFINITIONS = (
     "Relative gates read *low*.")
 
 
-def alignment_markdown(a: dict) -> str:
+def _comparison(a: dict, name: str) -> dict:
+    return next((c for c in a.get("comparisons") or [] if c.get("metric") == name), {})
+
+
+def _worst_layer(a: dict) -> dict:
+    layers = a.get("layers") or [{}]
+    return max(layers, key=lambda r: r.get("ratio_low") if isinstance(r.get("ratio_low"), float)
+               else float("inf"))
+
+
+def _worst_bucket(a: dict) -> dict:
+    buckets = [b for b in a.get("buckets") or [] if b.get("kl_ratio_low") is not None]
+    return max(buckets, key=lambda b: b["kl_ratio_low"] if isinstance(b["kl_ratio_low"], float)
+               else float("inf")) if buckets else {}
+
+
+# What each alignment metric is, on each side: (what, target, control, reference).
+SIDES = {
+    "alignment.vs_control.kl_mean_ratio_low": lambda a: (
+        "mean KL to the reference", _comparison(a, "kl_mean").get("target"),
+        _comparison(a, "kl_mean").get("control"), 0.0),
+    "alignment.vs_control.kl_bucket_ratio_low": lambda a: (
+        f"mean KL, worst bucket ({_worst_bucket(a).get('start')}-"
+        f"{(_worst_bucket(a).get('end') or 1) - 1})", _worst_bucket(a).get("kl_mean"),
+        _worst_bucket(a).get("control_kl_mean"), 0.0),
+    "alignment.vs_control.top1_disagreement_ratio_low": lambda a: (
+        "top-1 disagreement", _comparison(a, "top1_disagreement").get("target"),
+        _comparison(a, "top1_disagreement").get("control"), 0.0),
+    "alignment.vs_control.perplexity_ratio_low": lambda a: (
+        "perplexity", a.get("perplexity_target"), a.get("perplexity_control"),
+        a.get("perplexity_reference")),
+    "alignment.vs_control.expert_disagreement_ratio_low": lambda a: (
+        "expert-set disagreement", _comparison(a, "expert_disagreement").get("target"),
+        _comparison(a, "expert_disagreement").get("control"), 0.0),
+    "alignment.layers.diverged": lambda a: (
+        f"relative error, worst layer ({_worst_layer(a).get('layer')})",
+        _worst_layer(a).get("rel_error"), _worst_layer(a).get("control_rel_error"), 0.0),
+    "alignment.logits.kl_mean": lambda a: (
+        "mean KL to the reference", a.get("kl_mean"), a.get("control_kl_mean"), 0.0),
+    "alignment.logits.top1_agreement": lambda a: (
+        "top-1 agreement", a.get("top1_agreement"), a.get("control_top1_agreement"), 1.0),
+    "alignment.moe.expert_agreement": lambda a: (
+        "expert-set Jaccard", a.get("expert_agreement"), a.get("control_expert_agreement"), 1.0),
+    "alignment.perplexity.rel_delta": lambda a: (
+        "perplexity", a.get("perplexity_target"), a.get("perplexity_control"),
+        a.get("perplexity_reference")),
+}
+
+
+def gate_sides(a: dict, gates: list) -> str:
+    """Each alignment gate with the quantity behind it on the target, control and reference."""
+    rows = []
+    for g in gates:
+        metric = g.metric if hasattr(g, "metric") else g["metric"]
+        if metric in SIDES and a.get("layers") is not None:
+            what, t, c, r = SIDES[metric](a)
+            gid = g.id if hasattr(g, "id") else g["id"]
+            rows.append([gid, what, t, c, r])
+    return _table(["gate", "quantity", "target", "control", "reference"], rows)
+
+
+def alignment_markdown(a: dict, gates: list | None = None) -> str:
     if not a or "layers" not in a:
         return ""
     parts = ["## Alignment: target vs control vs reference\n"]
@@ -57,6 +119,8 @@ def alignment_markdown(a: dict) -> str:
     ]
     parts += [f"- note: {n}" for n in a.get("notes") or []]
     parts += ["", DEFINITIONS, ""]
+    if gates:
+        parts += ["### Alignment gates: target vs control vs reference\n", gate_sides(a, gates)]
     rows = [[c.get("metric"), c.get("target"), c.get("control"), c.get("ratio"), c.get("low"), c.get("high"),
              c.get("positions")] for c in a.get("comparisons") or []]
     parts += ["### Paired comparisons\n",

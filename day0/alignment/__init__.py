@@ -215,6 +215,13 @@ class Memo:
 
     def __init__(self):
         self.sides: dict[tuple, MemoSide] = {}
+        self.generations: dict[tuple, list] = {}
+
+    def greedy(self, model, batch, new_tokens: int, device: str, pad) -> list:
+        key = (id(model), hash(tuple(map(tuple, batch))), new_tokens)
+        if key not in self.generations:
+            self.generations[key] = gen.greedy(model, batch, new_tokens, device, pad)
+        return self.generations[key]
 
     def side(self, name: str, source: str, device: str, dtype: str, load) -> MemoSide:
         key = (name, source, device, dtype)
@@ -262,10 +269,14 @@ def run(config: Config, inputs: StageInputs, *, memo: Memo | None = None) -> Res
     control_profile = reference.model_copy(update={"dtype": target.dtype})
     if memo is None:
         ref_side = Side("reference", load(reference), reference.device)
-        ctl_side = Side("control", load(control_profile), reference.device)
     else:
         ref_side = memo.side("reference", inputs.source, reference.device, reference.dtype,
                              lambda: load(reference))
+    if target.dtype == reference.dtype:  # the control at the reference's dtype IS the reference
+        ctl_side = ref_side
+    elif memo is None:
+        ctl_side = Side("control", load(control_profile), reference.device)
+    else:
         ctl_side = memo.side("control", inputs.source, reference.device, target.dtype,
                              lambda: load(control_profile))
     ref, ctl = ref_side.model, ctl_side.model
@@ -313,7 +324,7 @@ def run(config: Config, inputs: StageInputs, *, memo: Memo | None = None) -> Res
                                       inputs, text, seq_len, len(wins), bool(problems))
 
     gen_rows = _generation(config, ids, prefix, tokenizer, ref, ctl, tgt, reference.device,
-                           target)
+                           target, memo.greedy if memo else gen.greedy)
     lap("generation")
     covered = int(evidence.column("position_of").max()) + 1 if result["positions"] else 0
     return Result(
@@ -409,8 +420,8 @@ def _perplexity_check(ppl_ref: float, model_config, source: str, inputs: StageIn
     return found
 
 
-def _generation(config: Config, ids, prefix, tokenizer, ref, ctl, tgt, ref_device: str, target
-                ) -> list[gen.GenerationRow]:
+def _generation(config: Config, ids, prefix, tokenizer, ref, ctl, tgt, ref_device: str, target,
+                greedy=gen.greedy) -> list[gen.GenerationRow]:
     from transformers.utils import logging as hf_logging
 
     if not config.generation_prompts:
@@ -423,8 +434,8 @@ def _generation(config: Config, ids, prefix, tokenizer, ref, ctl, tgt, ref_devic
     head = [prefix] if prefix is not None else []
     batch = [head + prompt for _, prompt in chosen]
     try:
-        refs = gen.greedy(ref, batch, config.new_tokens, ref_device, pad)
-        ctls = gen.greedy(ctl, batch, config.new_tokens, ref_device, pad)
+        refs = greedy(ref, batch, config.new_tokens, ref_device, pad)
+        ctls = refs if ctl is ref else greedy(ctl, batch, config.new_tokens, ref_device, pad)
         try:
             tgts = ctls if tgt is None else gen.greedy(tgt, batch, config.new_tokens,
                                                        target.device, pad)

@@ -201,8 +201,12 @@ def test_through_the_stage_contract(tiny_llama, eval_text):
 def _alignment_gates_failing(result: Result, claim: str = "faithful") -> set[str]:
     from day0.gates import GatesFile, evaluate, load_gates
 
+    checked = result.metrics()
+    # FAST runs skip the op replay: its gates have nothing to judge here
     gates = GatesFile(gates=[g for g in load_gates().gates if g.metric.startswith("alignment.")
-                             and g.severity == "error"])
+                             and g.severity == "error"
+                             and not (g.metric.startswith("alignment.ops.")
+                                      and checked[g.metric] is None)])
     return {g.id for g in evaluate(gates, result.metrics(), is_moe=bool(result.routers),
                                    claim=claim) if g.applicable and not g.passed}
 

@@ -6,34 +6,13 @@ are, as in common W8 deployments. Not bit-faithful: a gate profile for quantized
 bf16 one, decides whether it passes.
 """
 
+import sys
+from pathlib import Path
+
 import torch
-import torch.nn.functional as F
 
-from day0.modeling import decoder_layers
-
-
-def fake_quantize(weight: torch.Tensor, bits: int, group: int | None = None) -> torch.Tensor:
-    """Symmetric round-to-nearest along the input (last) dim: per output channel, or per group."""
-    w = weight.detach().float()
-    cols = w.shape[-1]
-    group = group or cols
-    w = F.pad(w, (0, -cols % group))  # a ragged last group is padded with zeros, then cut off
-    blocks = w.reshape(*w.shape[:-1], -1, group)
-    qmax = 2 ** (bits - 1) - 1
-    scale = blocks.abs().amax(-1, keepdim=True).clamp(min=1e-12) / qmax
-    quant = (blocks / scale).round().clamp(-qmax, qmax) * scale
-    return quant.reshape(w.shape)[..., :cols].to(weight.dtype)
-
-
-def matmul_weights(model):
-    """Every >= 2-D parameter of the decoder layers except routers' (kept at full precision)."""
-    for layer in decoder_layers(model):
-        for module in layer.modules():
-            if type(module).__name__.lower().endswith("router"):
-                continue
-            for param in module.parameters(recurse=False):
-                if param.dim() >= 2:
-                    yield module, param
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # fake_quant.py sits next to this file
+from fake_quant import fake_quantize, matmul_weights  # noqa: E402
 
 
 def apply(model) -> None:
