@@ -8,6 +8,7 @@ over the model's full 8192-token context.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,8 +27,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.real_model]
 
 @pytest.fixture(scope="module")
 def smollm2() -> Path:
+    # the model cache outlives the session's throw-away DAY0_CACHE_DIR: fetched once per machine
+    env = {k: v for k, v in os.environ.items() if k != "DAY0_CACHE_DIR"}
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "fetch_real_models.py")],
-                          capture_output=True, text=True, timeout=1200)
+                          capture_output=True, text=True, timeout=1200, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     return Path(done.stdout.strip().splitlines()[-1])
 

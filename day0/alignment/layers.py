@@ -1,9 +1,9 @@
 """Per-layer capture and comparison: decoder-layer outputs and MoE expert selections.
 
 Forward hooks copy every decoder layer's output hidden states (and every router's selected
-experts) to CPU during one forward (one chunk of a window). Squared errors of the target and of
-the control against the reference are kept per scored position and layer, so relative errors
-per bucket are exact over the whole evaluation and the target/control ratio can be bootstrapped.
+experts) to CPU during one forward (one chunk of a window). The relative errors of the target
+and of the control against the reference are kept per scored position and layer, so the
+target/control ratio can be bootstrapped per layer and position bucket.
 """
 
 from __future__ import annotations
@@ -110,8 +110,8 @@ class Capture:
 
 class LayerRow(Row):
     layer: int = Field(description="Decoder layer index.")
-    rel_error: float = Field(description="Target: ||t-r||/||r|| over all scored positions.")
-    control_rel_error: float = Field(description="Control: ||c-r||/||r|| over the same positions.")
+    rel_error: float = Field(description="Target: mean over scored positions of ||t-r||/||r||.")
+    control_rel_error: float = Field(description="Control: mean of ||c-r||/||r||, same positions.")
     ratio: float = Field(description="Target error / control error (control floored), whole layer.")
     ratio_low: float = Field(description=(
         "Largest over position buckets of the 95 % lower bound of target/control error; the "
@@ -127,13 +127,17 @@ class LayerRow(Row):
 
 
 class LayerAccumulator:
-    """Per scored position and layer: squared error of target and control, squared reference."""
+    """Per scored position and layer: relative error ||x-r|| / ||r|| of target and control.
+
+    Per-position relative errors are averaged (not squared errors summed): a handful of tokens
+    that a correct bf16 port routes to another expert at a near-tie (MoE) carry large errors that
+    would dominate a sum of squares and mimic a diverging layer, while a real kernel fault raises
+    the error at most positions and moves the mean just as much."""
 
     def __init__(self, n_layers: int):
         self.n_layers = n_layers
-        self.d2_t: list[torch.Tensor] = []   # chunks of [n, layers]
-        self.d2_c: list[torch.Tensor] = []
-        self.r2: list[torch.Tensor] = []
+        self.err_t: list[torch.Tensor] = []   # chunks of [n, layers]
+        self.err_c: list[torch.Tensor] = []
         self.max_abs = [0.0] * n_layers
         self.nonfinite = [0] * n_layers
         self.missing: set[int] = set()
@@ -146,38 +150,31 @@ class LayerAccumulator:
     def add(self, ref: list, ctl: list, tgt: list, scored: torch.Tensor) -> None:
         """One chunk of one window: hidden states per layer; scored: [seq] bool mask."""
         n = int(scored.sum())
-        d2_t = torch.full((n, self.n_layers), math.nan, dtype=torch.float64)
-        d2_c, r2 = d2_t.clone(), d2_t.clone()
+        err_t = torch.full((n, self.n_layers), math.nan, dtype=torch.float64)
+        err_c = err_t.clone()
         for i, (r, c, t) in enumerate(zip(ref, ctl, tgt)):
             if r is None or t is None or c is None or r.shape != t.shape or r.shape != c.shape:
                 self.missing.add(i)
                 continue
             diff = t.double() - r.double()
-            d2_t[:, i] = self._per_position(diff, scored)
-            d2_c[:, i] = self._per_position(c.double() - r.double(), scored)
-            r2[:, i] = self._per_position(r, scored)
+            r2 = self._per_position(r, scored).clamp(min=1e-300)
+            err_t[:, i] = (self._per_position(diff, scored) / r2).sqrt()
+            err_c[:, i] = (self._per_position(c.double() - r.double(), scored) / r2).sqrt()
             sel = diff.reshape(-1, r.shape[-2], r.shape[-1])[:, scored]
             m = sel.abs().max().item() if sel.numel() else 0.0
             if math.isnan(m) or m > self.max_abs[i]:  # a NaN, once seen, is kept
                 self.max_abs[i] = m
             self.nonfinite[i] += int((~torch.isfinite(t)).sum())
-        self.d2_t.append(d2_t)
-        self.d2_c.append(d2_c)
-        self.r2.append(r2)
+        self.err_t.append(err_t)
+        self.err_c.append(err_c)
 
     def rows(self, blocks: Blocks, n_buckets: int, floor: float, bound: float) -> list[LayerRow]:
-        d2_t, d2_c, r2 = (torch.cat(x) for x in (self.d2_t, self.d2_c, self.r2))
-        scale = r2.mean(0).clamp(min=1e-300)           # per layer: errors relative to ||r||
-        overall = ratios([f"layer {i}" for i in range(self.n_layers)], d2_t / scale,
-                         d2_c / scale, blocks, floor, root=True)
-        per_bucket = []
-        for b in range(n_buckets):
-            subset = blocks.bucket_of_block == b
-            in_bucket = (blocks.bucket_of_block[blocks.block_of] == b)
-            bscale = r2[in_bucket].mean(0).clamp(min=1e-300) if bool(in_bucket.any()) else scale
-            per_bucket.append(ratios([f"layer {i} bucket {b}" for i in range(self.n_layers)],
-                                     d2_t / bscale, d2_c / bscale, blocks, floor, subset,
-                                     root=True))
+        err_t, err_c = torch.cat(self.err_t), torch.cat(self.err_c)
+        overall = ratios([f"layer {i}" for i in range(self.n_layers)], err_t, err_c, blocks,
+                         floor)
+        per_bucket = [ratios([f"layer {i} bucket {b}" for i in range(self.n_layers)], err_t,
+                             err_c, blocks, floor, blocks.bucket_of_block == b)
+                      for b in range(n_buckets)]
         rows = []
         for i in range(self.n_layers):
             cells = [per_bucket[b][i] for b in range(n_buckets)]

@@ -91,14 +91,10 @@ def _quantiles(samples: torch.Tensor) -> tuple[float, float]:
 
 
 def ratios(metrics: list[str], target: torch.Tensor, control: torch.Tensor, blocks: Blocks,
-           floor: float, subset: torch.Tensor | None = None, root: bool = False
-           ) -> list[Comparison]:
+           floor: float, subset: torch.Tensor | None = None) -> list[Comparison]:
     """Per column k: mean(target[:, k]) / max(mean(control[:, k]), floor) over the positions of
     the blocks in subset (a block mask; None = all), with its bootstrap interval.
-
-    target/control: [n] or [n, k]. root=True compares square roots: the inputs are squared
-    errors, the ratio is then one of relative errors ||t-r|| / ||c-r|| and floor a relative error.
-    """
+    target/control: [n] or [n, k]."""
     if target.dim() == 1:
         target, control = target[:, None], control[:, None]
     a, b = blocks.sums(target), blocks.sums(control)
@@ -109,19 +105,15 @@ def ratios(metrics: list[str], target: torch.Tensor, control: torch.Tensor, bloc
                            low=math.nan, high=math.nan, floor=floor, positions=0)
                 for m in metrics]
     counts = blocks.draws(mask)
-    f = floor ** 2 if root else floor
 
     def ratio(sa, sb, sn):
-        value = (sa / sn) / torch.clamp(sb / sn, min=f)
-        return value.sqrt() if root else value
+        return (sa / sn) / torch.clamp(sb / sn, min=floor)
 
     n_d = (counts @ n)[:, None]
     draws = ratio(counts @ a, counts @ b, n_d)                 # [DRAWS, k]
     pa, pb, pn = a[mask].sum(0), b[mask].sum(0), n[mask].sum()
     point = ratio(pa, pb, pn)
     mean_t, mean_c = pa / pn, pb / pn
-    if root:
-        mean_t, mean_c = mean_t.sqrt(), mean_c.sqrt()
     out = []
     for k, metric in enumerate(metrics):
         low, high = _quantiles(draws[:, k])
