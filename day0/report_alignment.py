@@ -55,6 +55,11 @@ def _worst_bucket(a: dict) -> dict:
                else float("inf")) if buckets else {}
 
 
+def _mean(values: list) -> float | None:
+    values = [v for v in values if isinstance(v, (int, float))]
+    return sum(values) / len(values) if values else None
+
+
 # What each alignment metric is, on each side: (what, target, control, reference).
 SIDES = {
     "alignment.vs_control.kl_mean_ratio_low": lambda a: (
@@ -82,6 +87,10 @@ SIDES = {
         "top-1 agreement", a.get("top1_agreement"), a.get("control_top1_agreement"), 1.0),
     "alignment.moe.expert_agreement": lambda a: (
         "expert-set Jaccard", a.get("expert_agreement"), a.get("control_expert_agreement"), 1.0),
+    "alignment.generation.token_match_rate": lambda a: (
+        "greedy tokens equal to the reference's",
+        _mean([g.get("match_rate") for g in a.get("generation") or []]),
+        _mean([g.get("control_match_rate") for g in a.get("generation") or []]), 1.0),
     "alignment.perplexity.rel_delta": lambda a: (
         "perplexity", a.get("perplexity_target"), a.get("perplexity_control"),
         a.get("perplexity_reference")),
