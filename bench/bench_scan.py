@@ -4,8 +4,8 @@ Run: ``.venv/bin/python bench/bench_scan.py [--target cpu-bf16] [--no-probe] [--
 [--configs DeepSeek-V3 Llama-3.1-8B Mixtral-8x7B-v0.1]``
 
 Each scan runs in its own subprocess (a fresh interpreter, as the stage runner does), so its
-peak RSS is its own: the child reports ``ru_maxrss`` of itself, the parent also reads
-``RUSAGE_CHILDREN`` (the largest child so far) as a cross-check. Wall time includes starting
+peak RSS is its own: the child reports its ``VmHWM`` (``day0.memory.peak_rss_bytes``), the
+parent also reads ``RUSAGE_CHILDREN`` (the largest child so far) as a cross-check. Wall time includes starting
 Python and importing torch/transformers; ``stage s`` is the scan alone.
 """
 
@@ -24,15 +24,14 @@ CONFIGS = ROOT / "tests" / "fixtures" / "configs"
 DEFAULT = ["DeepSeek-V3", "Llama-3.1-8B", "Mixtral-8x7B-v0.1"]
 
 CHILD = """
-import json, resource, sys
-from day0 import scan
+import json, sys
+from day0 import memory, scan
 from day0.contract import StageInputs
 from day0.targets import resolve_target
 r = scan.run(scan.Config(seq_len=int(sys.argv[3]), probe=sys.argv[4] == "1"),
              StageInputs(source=sys.argv[1], target=resolve_target(sys.argv[2])))
-print(json.dumps({"stage_s": r.seconds, "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-                  * 1024, "ops": len(r.ops), "long_tail": r.long_tail, "coverage": r.coverage,
-                  "uncovered": r.uncovered, "unprobed": r.unprobed, "params": r.params,
+print(json.dumps({"stage_s": r.seconds, "rss": memory.peak_rss_bytes(), "ops": len(r.ops),
+                  "long_tail": r.long_tail, "coverage": r.coverage, "uncovered": r.uncovered, "unprobed": r.unprobed, "params": r.params,
                   "error": r.scan_error}))
 """
 

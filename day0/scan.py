@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import fnmatch
-import resource
 import time
 from pathlib import Path
 from typing import Literal
@@ -23,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from day0.contract import StageInputs, StageResult
 from day0.errors import ConfigError
+from day0 import memory
 from day0.yamlio import read_mapping
 
 DATA = Path(__file__).parent / "data"
@@ -85,7 +85,7 @@ class Result(StageResult):
     dtype: str = Field(description="dtype of the scan (the target's).")
     seq_len: int = Field(description="Tokens of the full-size forward.")
     seconds: float = Field(description="Wall time of the stage.")
-    peak_rss_bytes: int = Field(description="Peak resident memory of the process.")
+    peak_rss_bytes: int = Field(description="Peak resident memory of the scan's process (VmHWM).")
     scan_error: str | None = Field(None, description="Why the full-size forward stopped early.")
     scan_failed_op: str | None = Field(None, description="Op it stopped at, if any.")
     probe_error: str | None = Field(None, description="Why the probe forward stopped early.")
@@ -183,7 +183,7 @@ def run(config: Config, inputs: StageInputs) -> Result:
         long_tail=[r.op for r in rows if r.long_tail],
         params=meta.params, dtype=target.dtype, seq_len=config.seq_len,
         seconds=time.perf_counter() - start,
-        peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        peak_rss_bytes=memory.peak_rss_bytes(),
         scan_error=meta.error, scan_failed_op=meta.failed_op,
         probe_error=probe.error if probe else None, probe_dims=probe.dims if probe else {},
         notes=meta.notes)

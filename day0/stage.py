@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from day0.contract import StageInputs
 from day0.errors import ConfigError, Day0Error, InputError, StageError
+from day0.memory import rss_bytes
 
 STAGES = {"analysis": "day0.analysis", "scan": "day0.scan", "alignment": "day0.alignment"}
 # "target": the stage ran but the target itself failed (e.g. its forward raised): a finding, FAIL.
@@ -115,16 +116,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if outcome.ok else (outcome.exit_code or 1)
 
 
-def _rss_bytes(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return 0
-
-
 def run_stage(spec: StageSpec, *, timeout_s: float, memory_limit_gib: float | None = None,
               log: Callable[[str], None] | None = None, env: dict | None = None) -> StageOutcome:
     """Run spec in a child process and always return an outcome (never raise for the stage)."""
@@ -153,7 +144,7 @@ def run_stage(spec: StageSpec, *, timeout_s: float, memory_limit_gib: float | No
         while proc.poll() is None:
             if time.monotonic() - started > timeout_s:
                 killed_for = "timeout"
-            elif limit and _rss_bytes(proc.pid) > limit:
+            elif limit and rss_bytes(proc.pid) > limit:
                 killed_for = "oom"
             if killed_for:
                 _kill_group(proc)

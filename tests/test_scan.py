@@ -67,7 +67,8 @@ def failing_kernel():
 
 
 def test_deepseek_v3_full_size_scan_in_subprocess():
-    """671B parameters on meta: fast, small, MoE and matmul ops found, cpu/float32 probe."""
+    """671B parameters on meta: MoE and matmul ops found, cpu/float32 probe (time and memory:
+    bench/bench_scan.py)."""
     code = ("import json, sys; from day0 import scan; from day0.contract import StageInputs; "
             "from day0.targets import Target; "
             "r = scan.run(scan.Config(), StageInputs(source=sys.argv[1], target=Target("
@@ -79,7 +80,8 @@ def test_deepseek_v3_full_size_scan_in_subprocess():
     ops = by_op(result)
     assert result.scan_error is None and result.metrics()["scan.complete"] == 1.0
     assert result.params > 600e9                     # the full configured size, not a shrunk one
-    assert result.seconds < 60 and result.peak_rss_bytes < 2 * 2**30
+    embedding_fp32 = 129280 * 7168 * 4   # one full-size weight: none may be materialised
+    assert 0 < result.peak_rss_bytes < embedding_fp32
     assert {"aten._grouped_mm.default", "aten.mm.default", "aten.topk.default"} <= set(ops)
     assert "aten.bmm.default" in ops or "aten.scaled_dot_product_attention.default" in ops
     assert ops["aten._grouped_mm.default"].module == "DeepseekV3Experts"

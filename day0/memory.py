@@ -1,0 +1,36 @@
+"""Resident memory of processes, read from /proc (Linux), with a portable fallback.
+
+The peak is ``VmHWM`` of the process's own address space. ``getrusage().ru_maxrss`` is not used
+on Linux: it survives ``execve``, so a stage started from a large parent (a test session, a flow
+worker) would report the parent's peak as its own.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+from pathlib import Path
+
+
+def _status_field(pid: int | str, field: str) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def rss_bytes(pid: int) -> int:
+    """Current resident memory of pid; 0 when it cannot be read (gone, or not Linux)."""
+    return _status_field(pid, "VmRSS") or 0
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident memory of this process since it started (or last exec'd)."""
+    peak = _status_field("self", "VmHWM")
+    if peak is not None:
+        return peak
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return maxrss if sys.platform == "darwin" else maxrss * 1024   # bytes on macOS, KiB elsewhere
