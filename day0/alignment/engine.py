@@ -110,6 +110,7 @@ def evaluate(wins: list[Window], reference: Side, control: Side, target: Side | 
              span: int, n_buckets: int, chunk: int, progress=print) -> Evidence:
     """target None: the target is the control itself (same device, dtype, no plugins)."""
     evidence = Evidence(LayerAccumulator(len(reference.capture.layers)))
+    bucket_of_position = bucket_index(span, span, n_buckets)
     for w, window in enumerate(wins):
         ids = torch.tensor(window.ids)
         sides = [reference.steps(window.ids, chunk), control.steps(window.ids, chunk)]
@@ -127,7 +128,7 @@ def evaluate(wins: list[Window], reference: Side, control: Side, target: Side | 
             evidence.layers.add(r.hidden, c.hidden, t.hidden, scored)
             evidence.routers.add(r.routes, c.routes, t.routes, scored)
             evidence.window_of.append(torch.full((int(scored.sum()),), w))
-            evidence.bucket_of.append(bucket_index(span, span, n_buckets)[pos][scored])
+            evidence.bucket_of.append(bucket_of_position[pos][scored])
             evidence.position_of.append(pos[scored])
             if len(window.ids) > chunk:
                 progress(f"window {w + 1}/{len(wins)}: positions {r.start + length} of "
