@@ -114,9 +114,18 @@ def rope_facts(c, raw: dict) -> Rope | None:
     if theta is None and not params:
         return None
     kind = params.get("rope_type") or params.get("type") or "default"
-    return Rope(theta=theta, type=kind, factor=params.get("factor"),
-                original_max_positions=params.get("original_max_position_embeddings"),
+    # reported as given; a value of the wrong type is left out (transformers ignores or refuses it)
+    return Rope(theta=_number(theta), type=str(kind), factor=_number(params.get("factor")),
+                original_max_positions=_number(params.get("original_max_position_embeddings"), int),
                 parameters=params)
+
+
+def _number(value, kind=float):
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    if kind is int and not (math.isfinite(value) and value == int(value)):
+        return None
+    return kind(value)
 
 
 def routed_expert_names(tensors: Iterable[tuple[str, tuple[int, ...]]], num_experts: int | None) -> set[str]:

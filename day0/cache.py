@@ -14,6 +14,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
+from day0.atomic import write_atomic
 from day0.stage import StageOutcome, StageSpec
 
 PACKAGE = Path(__file__).parent
@@ -125,8 +126,5 @@ def load(key: str) -> StageOutcome | None:
 def store(key: str, outcome: StageOutcome) -> None:
     if not outcome.ok:
         return
-    path = cache_dir() / "stages" / f"{key}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(outcome.model_dump_json())
-    os.replace(tmp, path)
+    # the cache dir may be shared: never write through a guessable temp name (day0.atomic)
+    write_atomic(cache_dir() / "stages" / f"{key}.json", outcome.model_dump_json())

@@ -32,6 +32,7 @@ from typing import Protocol
 import yaml
 
 from day0.errors import CheckpointError, InputError, Problem
+from day0.limits import size_problems, stored_bytes
 
 DATA_FILE = Path(__file__).parent / "data" / "analysis.yaml"
 REDOWNLOAD = "re-download or re-export this shard"
@@ -218,6 +219,9 @@ def read_checkpoint(source: str | Path | Reader, *, model=None, check_config: bo
 
     problems: list[Problem] = []
     shards_ok = _read_weights(reader, ckpt, problems)
+    inflated = size_problems(config, config_file, stored_bytes(reader), ckpt.source)
+    if inflated:  # a config far bigger than its weights: do not build that model
+        raise CheckpointError.from_problems(problems + inflated)
     if ckpt.tensors:
         check_dtypes(ckpt)
         if check_config:
@@ -242,9 +246,13 @@ def _read_config(reader: CountingReader) -> tuple[dict, str]:
     if name not in reader.names():
         raise InputError("no config.json found", file=where,
                          fix="pass a checkpoint folder containing config.json, or a config.json file")
+    from day0.limits import check_config, check_config_size
     from day0.modeling import parse_config_json
 
-    return parse_config_json(reader.read_range(name, 0, reader.size(name)), where), where
+    check_config_size(reader.size(name), where)  # before reading: it may be any size
+    config = parse_config_json(reader.read_range(name, 0, reader.size(name)), where)
+    check_config(config, where)  # refused before a single header is read or anything is built
+    return config, where
 
 
 def _read_weights(reader: CountingReader, ckpt: Checkpoint, problems: list[Problem]) -> bool:
@@ -277,11 +285,15 @@ def _read_indexed(reader, ckpt: Checkpoint, problems: list[Problem], shards: lis
     ckpt.index_file = index
     _add_file(reader, ckpt, index)
     try:
+        if reader.size(index) > data()["max_header_bytes"]:  # not read into memory at all
+            raise ValueError(f"{reader.size(index)} bytes, over {data()['max_header_bytes']}")
         doc = json.loads(reader.read_range(index, 0, reader.size(index)).decode("utf-8"))
         weight_map = doc["weight_map"]
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
             raise TypeError("weight_map must map tensor names to shard file names")
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        if not weight_map:  # transformers would load nothing and initialise every weight at random
+            raise ValueError("weight_map is empty")
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError) as exc:
         problems.append(Problem(f"index unreadable: {type(exc).__name__}: {exc}", file=where,
                                 field="weight_map", fix=f"restore {index} from the model's release"))
         return False
@@ -301,18 +313,19 @@ def _read_indexed(reader, ckpt: Checkpoint, problems: list[Problem], shards: lis
             ok = False  # its header is unusable: that one problem covers every tensor listed
             continue
         found = set(ckpt.tensors) - before
+        shard_where = reader.location(shard)  # once: an index may list 100,000 names
         for tensor in sorted(set(listed) - found):
             if tensor in ckpt.tensors:  # a header of another shard has it
                 continue
             problems.append(Problem(f"listed in {index} but not in this shard's header",
-                                    file=reader.location(shard), field=tensor, fix=REDOWNLOAD))
+                                    file=shard_where, field=tensor, fix=REDOWNLOAD))
     for tensor, info in sorted(ckpt.tensors.items()):
         mapped = weight_map.get(tensor)
         if mapped != info.file:
             problems.append(Problem(
                 f"in this shard's header but {index} " +
                 (f"maps it to {mapped}" if mapped else "does not list it"),
-                file=reader.location(info.file), field=tensor,
+                file=ckpt.location(info.file), field=tensor,
                 fix=f"regenerate {index} from the shards' headers"))
     problems.extend(single_file_problems(reader, set(by_shard)))
     unnamed = sorted(set(shards) - set(by_shard) - {data()["files"]["single"]})
@@ -343,7 +356,7 @@ def check_loader_files(source: str | Path) -> None:
         return
     try:
         named = set(json.loads(reader.read_range(index, 0, reader.size(index)))["weight_map"].values())
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return  # an unreadable index is reported by analysis and by transformers itself
     problems = single_file_problems(reader, named)
     if problems:
@@ -394,9 +407,16 @@ def read_header(reader, shard: str, problems: list[Problem]) -> dict[str, Tensor
         header = json.loads(reader.read_range(shard, 8, length).decode("utf-8"))
         if not isinstance(header, dict):
             raise ValueError("header is not a JSON object")
-    except (UnicodeDecodeError, ValueError) as exc:
-        problems.append(Problem(f"header is not valid JSON ({exc})", file=where, fix=REDOWNLOAD))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        problems.append(Problem(f"header is not valid JSON ({type(exc).__name__}: {exc})",
+                                file=where, fix=REDOWNLOAD))
         return None
+    meta = header.get("__metadata__")
+    if meta is not None and not (isinstance(meta, dict)
+                                 and all(isinstance(v, str) for v in meta.values())):
+        # safetensors' loader accepts only a map of strings to strings: transformers could not load it
+        problems.append(Problem("__metadata__ is not a JSON object of strings", file=where,
+                                field="__metadata__", fix=REDOWNLOAD))
     bits = data()["safetensors_dtypes"]
     tensors: dict[str, TensorInfo] = {}
     for name, meta in header.items():
@@ -412,10 +432,12 @@ def read_header(reader, shard: str, problems: list[Problem]) -> dict[str, Tensor
 def _tensor_info(name, meta, shard, where, bits, problems) -> TensorInfo | None:
     try:
         dtype, shape, offsets = meta["dtype"], meta["shape"], meta["data_offsets"]
-        if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
+        if not isinstance(dtype, str):
+            raise ValueError(f"dtype {dtype!r} is not a string")
+        if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
             raise ValueError(f"shape {shape!r} is not a list of non-negative integers")
         if not (isinstance(offsets, list) and len(offsets) == 2
-                and all(isinstance(o, int) for o in offsets) and 0 <= offsets[0] <= offsets[1]):
+                and all(type(o) is int for o in offsets) and 0 <= offsets[0] <= offsets[1]):
             raise ValueError(f"data_offsets {offsets!r} is not [begin, end] with 0 <= begin <= end")
     except (TypeError, KeyError, ValueError) as exc:
         problems.append(Problem(f"malformed header entry: {exc}", file=where, field=name, fix=REDOWNLOAD))
@@ -433,7 +455,7 @@ def _tensor_info(name, meta, shard, where, bits, problems) -> TensorInfo | None:
 
 
 def _need(info: TensorInfo, bits: dict) -> int:
-    return math.ceil(info.numel * bits[info.dtype] / 8)
+    return -(-info.numel * bits[info.dtype] // 8)  # integers: a hostile shape overflows floats
 
 
 def _check_layout(tensors: dict[str, TensorInfo], data_len: int, where: str, bits: dict,

@@ -191,7 +191,9 @@ def _run_on_deployment(deployment: str, params: dict) -> dict:
         raise StageError(f"flow run {flow_run.name} ({flow_run.id}) ended "
                          f"{flow_run.state.name if flow_run.state else 'without a state'}",
                          field="--deployment", fix="open the run in the Prefect UI for its logs")
-    return flow_run.state.result()
+    from flows.results import read_report
+
+    return read_report(flow_run)  # plain JSON: never State.result(), which may unpickle
 
 
 def cmd_serve(args) -> int:
@@ -259,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     # the temporary local server would try to phone home; day0 runs where only registries answer
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # Prefect waits 20 s for its temporary server; on a busy 2-core worker startup (migrations)
+    # takes longer, and a validate that never started is no verdict
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     try:
         return COMMANDS[args.command](args)
     except Day0Error as exc:
@@ -270,7 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a day0 bug: one line unless asked for the traceback
         if os.environ.get("DAY0_DEBUG"):
             raise
-        print(f"day0: internal error: {type(exc).__name__}: {exc} "
+        from day0.errors import shorten
+
+        print(f"day0: internal error: {shorten(f'{type(exc).__name__}: {exc}', 300)} "
               "(rerun with DAY0_DEBUG=1 for the traceback and report it)", file=sys.stderr)
         return 4
 

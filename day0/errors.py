@@ -10,12 +10,30 @@ Hierarchy::
     └── StageError             a stage crashed, timed out or ran out of memory; exit code 3
 
 The CLI turns any Day0Error into one line on stderr (``str(err)``) and its ``exit_code``;
-nothing else reaches the user as a traceback.
+nothing else reaches the user as a traceback. That line is bounded (``MAX_MESSAGE`` characters):
+inputs are untrusted, and a header with 100,000 bad entries must not become a 20 MB message, so
+each part is shortened in the middle and extra problems become "and N more" (``problems`` keeps
+them all).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+MAX_MESSAGE = 486  # str(err); "day0: error: " + this stays under 500 characters
+# most characters each part of a problem keeps when the line is too long; file and fix survive
+PART_LIMITS = {"file": 110, "field": 70, "message": 150, "fix": 90}
+
+
+def shorten(text, limit: int, *, tail: float = 1 / 3) -> str:
+    """text on one line, at most limit characters: the middle is cut when it is longer, keeping
+    the given share of the end (a path's file name is at its end, a message's point at its start)."""
+    text = " ".join(str(text).split())
+    if len(text) <= limit:
+        return text
+    keep = limit - 5
+    end = int(keep * tail)
+    return f"{text[:keep - end]} ... {text[len(text) - end:]}"
 
 
 @dataclass(frozen=True)
@@ -28,10 +46,26 @@ class Problem:
     fix: str | None = None
 
     def __str__(self) -> str:
-        where = ": ".join(p for p in (self.file, self.field) if p)
-        text = f"{where}: {self.message}" if where else self.message
-        if self.fix:
-            text += f" (fix: {self.fix})"
+        return self.render()
+
+    def render(self, limit: int | None = None) -> str:
+        """As written; with a limit, on one line, and past it each part is shortened to its
+        PART_LIMITS share."""
+        if limit is None:
+            return self._line(lambda key, text: text)
+        line = self._line(lambda key, text: " ".join(str(text).split()))
+        if len(line) <= limit:
+            return line
+        return self._line(lambda key, text: shorten(text, PART_LIMITS[key],
+                                                    tail=0.7 if key == "file" else 1 / 3))
+
+    def _line(self, cut) -> str:
+        part = {k: cut(k, getattr(self, k)) if getattr(self, k) else None
+                for k in ("file", "field", "message", "fix")}
+        where = ": ".join(p for p in (part["file"], part["field"]) if p)
+        text = f"{where}: {part['message']}" if where else part["message"]
+        if part["fix"]:
+            text += f" (fix: {part['fix']})"
         return text
 
 
@@ -47,9 +81,27 @@ class Day0Error(Exception):
         super().__init__(message)
 
     def __str__(self) -> str:
+        first = self.problems[0]
         if len(self.problems) == 1:
-            return str(self.problems[0])
-        return f"{len(self.problems)} problems: " + "; ".join(str(p) for p in self.problems)
+            return first.render(MAX_MESSAGE)
+        folder = first.file.rsplit("/", 1)[0] + "/" if first.file and "/" in first.file else None
+        head = f"{len(self.problems)} problems: "
+        text, shown = head + first.render(MAX_MESSAGE - len(head) - 20), 1  # 20: "; and N more"
+        for problem in self.problems[1:]:
+            # the folder and a fix the first problem gave are said once
+            if folder and problem.file and problem.file.startswith(folder):
+                problem = replace(problem, file=problem.file[len(folder):])
+            if problem.fix == first.fix:
+                problem = replace(problem, fix=None)
+            left = len(self.problems) - shown - 1
+            more = f"; and {left} more" if left else ""
+            line = problem.render(MAX_MESSAGE // 2)
+            if len(text) + 2 + len(line) + len(more) > MAX_MESSAGE:
+                break
+            text, shown = f"{text}; {line}", shown + 1
+        if shown < len(self.problems):
+            text += f"; and {len(self.problems) - shown} more"
+        return text
 
     @classmethod
     def from_problems(cls, problems: list[Problem]) -> "Day0Error":

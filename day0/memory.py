@@ -34,3 +34,22 @@ def peak_rss_bytes() -> int:
         return peak
     maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return maxrss if sys.platform == "darwin" else maxrss * 1024   # bytes on macOS, KiB elsewhere
+
+
+def group_rss_bytes(pgid: int) -> int:
+    """Resident memory of every process in process group pgid (a stage and the children it
+    started); without /proc, the leader's alone."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return rss_bytes(pgid)
+    total = 0
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "stat").read_text()
+            if int(raw[raw.rindex(")") + 2:].split()[2]) == pgid:  # field 5: pgrp
+                total += rss_bytes(int(entry.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return total

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ class ResolvedConfig:
     config: Any
     model_class: type
     notes: list[str] = field(default_factory=list)
+    file: str = "config.json"
 
 
 def config_path(source: str | Path) -> Path:
@@ -38,10 +40,16 @@ def config_path(source: str | Path) -> Path:
 
 def parse_config_json(raw: bytes, where: str) -> dict:
     """config.json bytes -> dict, or an InputError naming where it came from."""
+    from day0.limits import check_config_size
+
+    check_config_size(len(raw), where)
     try:
         data = json.loads(raw.decode("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError) as exc:  # ValueError: bad JSON, or an over-long integer
         raise InputError(f"not valid JSON ({exc})", file=where,
+                         fix="restore config.json from the model's release") from None
+    except RecursionError:  # the parser recurses per nesting level
+        raise InputError("nested too deeply to parse", file=where,
                          fix="restore config.json from the model's release") from None
     if not isinstance(data, dict):
         raise InputError("config.json must hold a JSON object", file=where,
@@ -54,7 +62,10 @@ def read_config_dict(source: str | Path) -> dict:
         from day0.sources import read_config
 
         return read_config(str(source))[0]
+    from day0.limits import check_config_size
+
     path = config_path(source)
+    check_config_size(path.stat().st_size, str(path))  # before reading: it may be any size
     return parse_config_json(path.read_bytes(), str(path))
 
 
@@ -65,6 +76,9 @@ def resolve_config(data: dict, *, trust_remote_code: bool = False, file: str = "
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+    from day0.limits import check_config
+
+    check_config(data, file)  # before transformers builds anything from it
     notes: list[str] = []
     data = dict(data)
     model_type = data.get("model_type")
@@ -93,7 +107,8 @@ def resolve_config(data: dict, *, trust_remote_code: bool = False, file: str = "
     config_cls = CONFIG_MAPPING[model_type]
     data["model_type"] = model_type
     try:
-        config = config_cls.from_dict({k: v for k, v in data.items() if k != "auto_map"})
+        with quiet_transformers():  # its warnings about odd fields would break the one-line error
+            config = config_cls.from_dict({k: v for k, v in data.items() if k != "auto_map"})
     except Exception as exc:  # transformers validates fields in many ways
         raise InputError(f"transformers rejects this config: {exc}", file=file,
                          fix="correct the named field") from None
@@ -101,7 +116,7 @@ def resolve_config(data: dict, *, trust_remote_code: bool = False, file: str = "
     if class_name is None:
         raise InputError(f"'{model_type}' has no causal-LM class in transformers", file=file,
                          field="model_type", fix="day0 validates causal language models only")
-    return ResolvedConfig(config, getattr(transformers, class_name), notes)
+    return ResolvedConfig(config, getattr(transformers, class_name), notes, file)
 
 
 def _type_for_architecture(arch: str, mapping) -> str:
@@ -131,7 +146,7 @@ def _remote_config(data: dict, file: str, notes: list[str]) -> ResolvedConfig:
                          file=file, field="auto_map",
                          fix="ship the files auto_map names next to config.json") from None
     notes.append(f"model code loaded from the checkpoint ({refs[1]}) because trust_remote_code is on")
-    return ResolvedConfig(config, model_cls, notes)
+    return ResolvedConfig(config, model_cls, notes, file)
 
 
 @contextlib.contextmanager
@@ -150,9 +165,46 @@ def build_meta_model(resolved: ResolvedConfig, dtype=None):
     """The model at full configured size with every parameter on the meta device."""
     import torch
 
-    with quiet_transformers(), torch.device("meta"):
-        model = resolved.model_class._from_config(resolved.config, dtype=dtype or torch.bfloat16)
+    try:
+        # torch warns about zero-sized tensors etc.: the config's problem, reported below or not at all
+        with quiet_transformers(), torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = resolved.model_class._from_config(resolved.config, dtype=dtype or torch.bfloat16)
+    except (ImportError, MemoryError):
+        raise  # the environment, not the config
+    except Exception as exc:  # on meta nothing but the config can make construction fail
+        raise build_error(exc, resolved) from None
     return model.eval()
+
+
+def build_error(exc: Exception, resolved: ResolvedConfig) -> InputError:
+    """An InputError for a model transformers could not build; a failed registry lookup (an
+    unknown hidden_act or rope_type is a KeyError deep inside) names its field and choices."""
+    from transformers.activations import ACT2CLS
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from day0.errors import shorten
+
+    choices = {"hidden_act": sorted(ACT2CLS), "hidden_activation": sorted(ACT2CLS),
+               "rope_type": ["default", *sorted(ROPE_INIT_FUNCTIONS)]}
+    missing = exc.args[0] if isinstance(exc, KeyError) and exc.args else None
+    for name, value in _fields(resolved.config.to_dict() if hasattr(resolved.config, "to_dict") else {}):
+        leaf = name.rsplit(".", 1)[-1]
+        if missing is not None and value == missing and leaf in choices:
+            return InputError(f"unknown value {shorten(repr(value), 40)}", file=resolved.file,
+                              field=name, fix=f"use one of {', '.join(choices[leaf])}")
+    return InputError(f"transformers cannot build {resolved.model_class.__name__} from it: "
+                      f"{type(exc).__name__}: {shorten(exc, 200)}", file=resolved.file,
+                      fix="correct the field the error names (compare with the model's release)")
+
+
+def _fields(mapping: dict, prefix: str = "", depth: int = 0):
+    """(dotted name, value) of a config dict and of the mappings inside it, two levels deep."""
+    for key, value in mapping.items():
+        if isinstance(value, dict) and depth < 2:
+            yield from _fields(value, f"{prefix}{key}.", depth + 1)
+        else:
+            yield f"{prefix}{key}", value
 
 
 def load_pretrained(source: str | Path, *, device: str = "cpu", dtype: str = "float32",
@@ -164,9 +216,16 @@ def load_pretrained(source: str | Path, *, device: str = "cpu", dtype: str = "fl
 
     from day0.checkpoint import check_loader_files
 
+    from day0.limits import check_source
+
     check_loader_files(source)
+    check_source(str(source))  # config.json within limits and within the weights' size
     resolved = resolve_config(read_config_dict(source), trust_remote_code=trust_remote_code,
                               file=str(config_path(source)))
+    # construction errors of the config as input errors before any memory is used (on a copy:
+    # building sets implementation fields on the config it is given)
+    build_meta_model(resolve_config(read_config_dict(source), trust_remote_code=trust_remote_code,
+                                    file=str(config_path(source))))
     with quiet_transformers():
         model = resolved.model_class.from_pretrained(
             str(source), config=resolved.config, dtype=getattr(torch, dtype),

@@ -9,6 +9,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from day0 import __version__
+from day0.atomic import write_atomic
+from day0.budget import StageBudget
 from day0.gates import GateResult
 from day0.report_alignment import alignment_markdown
 from day0.stage import StageOutcome
@@ -26,6 +28,8 @@ class StageSummary(BaseModel):
     failure: str | None = None
     error: str | None = None
     ran_in: str = Field("", description="process, docker:IMAGE:CONTAINER or deployment:NAME:RUN_ID.")
+    budget: StageBudget | None = Field(None, description=(
+        "Memory and time the stage was allowed, and where each came from (day0.budget)."))
 
 
 class Report(BaseModel):
@@ -71,7 +75,8 @@ def build(*, source: str, target: Target, reference: Target, outcomes: dict[str,
         verdict=verdict, source=source, target=target, reference=reference, gates=gate_results,
         model={k: analysis.get(k) for k in ("architecture", "model_type", "attention", "moe", "params")},
         stages={name: StageSummary(ok=o.ok, cached=o.cached, seconds=round(o.seconds, 3),
-                                   failure=o.failure, error=o.error, ran_in=o.ran_in)
+                                   failure=o.failure, error=o.error, ran_in=o.ran_in,
+                                   budget=o.budget)
                 for name, o in outcomes.items()},
         metrics=metrics,
         # all alignment evidence (tables, windows, text, comparisons), not only the gate inputs
@@ -143,7 +148,7 @@ def to_markdown(report: Report) -> str:
     parts += ["## Gates\n", _table(gate_rows(report))]
     parts += ["## Stages\n", _table([{"stage": n, "ok": s.ok, "cached": s.cached,
                                        "seconds": s.seconds, "ran in": s.ran_in,
-                                       "error": s.error or ""}
+                                       "budget": _budget(s.budget), "error": s.error or ""}
                                       for n, s in report.stages.items()])]
     if report.alignment.get("layers"):
         parts.append(alignment_markdown(report.alignment, report.gates))
@@ -153,6 +158,13 @@ def to_markdown(report: Report) -> str:
                   f"- uncovered: {', '.join(map(str, report.scan.get('uncovered') or [])) or 'none'}",
                   f"- long-tail: {', '.join(map(str, report.scan.get('long_tail') or [])) or 'none'}\n"]
     return "\n".join(parts)
+
+
+def _budget(budget: StageBudget | None) -> str:
+    if budget is None:  # a cached outcome from before budgets, or a stage that never started
+        return "—"
+    return (f"{budget.memory_gib:g} GiB ({budget.memory_basis}), "
+            f"{budget.timeout_s:g} s ({budget.timeout_basis})")
 
 
 def verdict_table(report: Report) -> str:
@@ -176,8 +188,8 @@ def write(report: Report, out: str | Path) -> tuple[Path, Path]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out / "report.json", out / "report.md"
-    json_path.write_text(report.model_dump_json(indent=2))
-    md_path.write_text(to_markdown(report))
+    write_atomic(json_path, report.model_dump_json(indent=2))
+    write_atomic(md_path, to_markdown(report))
     return json_path, md_path
 
 

@@ -12,9 +12,9 @@ import importlib
 import importlib.metadata
 import os
 import signal
+import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -23,9 +23,12 @@ from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from day0 import lifecycle
+from day0.atomic import write_atomic
+from day0.budget import StageBudget, for_spec
 from day0.contract import StageInputs
 from day0.errors import ConfigError, Day0Error, InputError, StageError
-from day0.memory import rss_bytes
+from day0.memory import group_rss_bytes, rss_bytes
 
 STAGES = {"analysis": "day0.analysis", "scan": "day0.scan", "alignment": "day0.alignment"}
 # "target": the stage ran but the target itself failed (e.g. its forward raised): a finding, FAIL.
@@ -62,6 +65,8 @@ class StageOutcome(BaseModel):
     log_tail: list[str] = Field(default_factory=list)
     ran_in: str = Field("", description=(
         "Where it ran: 'process', 'docker:IMAGE:CONTAINER', 'deployment:NAME:FLOW_RUN_ID'."))
+    budget: StageBudget | None = Field(None, description=(
+        "The memory and time the stage was allowed and where they came from (day0.budget)."))
 
 
 def stage_module(name: str):
@@ -105,27 +110,34 @@ def execute(spec: StageSpec) -> StageOutcome:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    lifecycle.guard_stage()  # before any work: never outlive the run_stage that started us
     if len(argv) != 2:
         print("usage: python -m day0.stage SPEC.json RESULT.json", file=sys.stderr)
         return 2
     spec = StageSpec.model_validate_json(Path(argv[0]).read_text())
     outcome = execute(spec)
-    tmp = Path(argv[1]).with_suffix(".tmp")
-    tmp.write_text(outcome.model_dump_json())
-    os.replace(tmp, argv[1])  # atomic: a half-written result never looks like a result
+    write_atomic(argv[1], outcome.model_dump_json())  # a half-written result is never read
     return 0 if outcome.ok else (outcome.exit_code or 1)
 
 
-def run_stage(spec: StageSpec, *, timeout_s: float, memory_limit_gib: float | None = None,
-              log: Callable[[str], None] | None = None, env: dict | None = None) -> StageOutcome:
-    """Run spec in a child process and always return an outcome (never raise for the stage)."""
+def run_stage(spec: StageSpec, *, timeout_s: float | None = None,
+              memory_limit_gib: float | None = None, log: Callable[[str], None] | None = None,
+              env: dict | None = None, budget: StageBudget | None = None) -> StageOutcome:
+    """Run spec in a child process and always return an outcome (never raise for the stage).
+
+    Limits: budget when given, else timeout_s / memory_limit_gib when given, else the target's,
+    else derived from the model's size (day0.budget). Memory counts the stage's process group."""
+    budget = budget or for_spec(spec, timeout_s=timeout_s, memory_limit_gib=memory_limit_gib)
     log = log or (lambda line: None)
     tail: list[str] = []
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix=f"day0-{spec.stage}-") as tmp:
-        spec_file, result_file = Path(tmp) / "spec.json", Path(tmp) / "result.json"
+    scratch = lifecycle.make_scratch(spec.stage)  # owner-named: a later start sweeps it if we die
+    try:
+        spec_file, result_file = scratch / "spec.json", scratch / "result.json"
         spec_file.write_text(spec.model_dump_json())
-        child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}),
+                     lifecycle.OWNER_ENV: lifecycle.owner_token(),
+                     lifecycle.SCRATCH_ENV: str(scratch)}
         proc = subprocess.Popen([sys.executable, "-m", "day0.stage", str(spec_file), str(result_file)],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=child_env, start_new_session=True)
@@ -139,32 +151,42 @@ def run_stage(spec: StageSpec, *, timeout_s: float, memory_limit_gib: float | No
 
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
-        killed_for = None
-        limit = memory_limit_gib * 2**30 if memory_limit_gib else None
-        while proc.poll() is None:
-            if time.monotonic() - started > timeout_s:
-                killed_for = "timeout"
-            elif limit and rss_bytes(proc.pid) > limit:
-                killed_for = "oom"
-            if killed_for:
-                _kill_group(proc)
-                break
-            time.sleep(0.1)
+        killed_for = _supervise(proc, budget, started)
         proc.wait()
+        lifecycle.kill_group(proc.pid)  # children the stage left behind go with it
         reader.join(timeout=5)
         seconds = time.monotonic() - started
-        if killed_for == "timeout":
-            return _failed(spec, "timeout", f"stage '{spec.stage}' exceeded its timeout of "
-                           f"{timeout_s:g} s and was killed", proc.returncode, seconds, tail)
-        if killed_for == "oom":
-            return _failed(spec, "oom", f"stage '{spec.stage}' exceeded its memory limit of "
-                           f"{memory_limit_gib:g} GiB and was killed", proc.returncode, seconds, tail)
+        if killed_for:
+            return _failed(spec, "timeout" if killed_for == "time" else "oom",
+                           budget.exceeded(spec.stage, killed_for), proc.returncode, seconds, tail,
+                           budget)
         if result_file.is_file():
             outcome = StageOutcome.model_validate_json(result_file.read_text())
             return outcome.model_copy(update={"seconds": seconds, "log_tail": tail[-20:],
-                                              "ran_in": "process"})
+                                              "ran_in": "process", "budget": budget})
         return _failed(spec, *_describe_exit(spec.stage, proc.returncode), proc.returncode,
-                       seconds, tail)
+                       seconds, tail, budget)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _supervise(proc: subprocess.Popen, budget: StageBudget, started: float) -> str | None:
+    """Wait for proc; kill its group when it goes over budget: 'time', 'memory' or None."""
+    limit = budget.memory_gib * 2**30
+    polls = 0
+    while proc.poll() is None:
+        if time.monotonic() - started > budget.timeout_s:
+            lifecycle.kill_group(proc.pid)
+            return "time"
+        # the whole group every second (a /proc scan), the leader in between (one file read)
+        group = polls % 10 == 0
+        rss = group_rss_bytes(proc.pid) if group else rss_bytes(proc.pid)
+        if rss > limit:
+            lifecycle.kill_group(proc.pid)
+            return "memory"
+        polls += 1
+        time.sleep(0.1)
+    return None
 
 
 def _describe_exit(stage: str, code: int) -> tuple[str, str]:
@@ -177,16 +199,9 @@ def _describe_exit(stage: str, code: int) -> tuple[str, str]:
     return "crash", f"stage '{stage}' crashed (exit code {code}) without a result"
 
 
-def _failed(spec, kind, message, code, seconds, tail) -> StageOutcome:
+def _failed(spec, kind, message, code, seconds, tail, budget=None) -> StageOutcome:
     return StageOutcome(stage=spec.stage, ok=False, failure=kind, error=message, exit_code=code,
-                        seconds=seconds, log_tail=tail[-20:], ran_in="process")
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+                        seconds=seconds, log_tail=tail[-20:], ran_in="process", budget=budget)
 
 
 if __name__ == "__main__":

@@ -23,13 +23,13 @@ access denied). A checkpoint "folder" is the set of objects directly under a pre
 from __future__ import annotations
 
 import os
-import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from day0.atomic import write_atomic
 from day0.errors import InputError
 
 SCHEME = "s3://"
@@ -453,12 +453,9 @@ def write_results(where: str, files: dict[str, bytes | str | Path], *, client=No
             continue
         dest = Path(where) / name
         dest.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(content, (bytes, bytearray)):
-            tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-            tmp.write_bytes(content)
-            os.replace(tmp, dest)
-        else:
-            shutil.copyfile(content, dest)
+        # replaced, never written through: a symlink planted at dest is not followed
+        write_atomic(dest, bytes(content) if isinstance(content, (bytes, bytearray))
+                     else Path(content).read_bytes())
 
 __all__ = ["S3Uri", "ObjectInfo", "S3Reader", "is_s3", "parse_s3_uri", "s3_client",
            "client_settings", "translate_error", "list_objects", "head_object",

@@ -20,7 +20,12 @@ SEARCH_PATHS = ("targets.yaml", "deploy/targets.yaml")
 
 
 class ContainerSettings(BaseModel):
-    """How the docker runner starts a stage container (``runner: docker``)."""
+    """How the docker runner starts a stage container (``runner: docker``).
+
+    Every stage container runs with all capabilities dropped, no-new-privileges, a read-only
+    root filesystem (writable: its scratch folder, a tmpfs /tmp and ``tmpfs``), and memory,
+    CPU and pids limits; the fields below tune those limits, never switch the hardening off.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
@@ -37,14 +42,67 @@ class ContainerSettings(BaseModel):
     network: Literal["none", "host"] = Field("none", description=(
         "'none' isolates the stage (weights are mounted, nothing is downloaded); 'host' when the "
         "target must reach a device service or an s3:// source directly."))
-    user: str = Field("10001:10001", description="uid:gid the stage runs as (never root).")
+    user: str = Field("10001:10001", description=(
+        "Who the stage runs as: 'UID:GID' (numbers), or a user/group name that the image's "
+        "/etc/passwd and /etc/group resolve; uid 0 and gid 0 (root) are refused, and a uid "
+        "without a group must have an /etc/passwd entry in the image."))
+    memory_gib: float | None = Field(None, gt=0, description=(
+        "Memory limit (swap included) of a stage container when the target sets no "
+        "memory_limit_gib (the stage budget, which wins when set). None: 75% of the Docker "
+        "host's memory divided by the target's concurrency."))
+    cpus: float | None = Field(None, gt=0, description=(
+        "CPU limit of a stage container, like `docker run --cpus` (capped at the Docker host's "
+        "CPUs). None: the host's CPUs divided by the target's concurrency, at least 1."))
+    pids_limit: int = Field(4096, ge=64, description=(
+        "Most processes and threads in a stage container (a fork bomb stops here); torch "
+        "starts about one thread per core, so raise it only on hosts with very many cores."))
+    tmpfs_size: str = Field("1g", pattern=r"^[1-9][0-9]*[kmgKMG]?$", description=(
+        "Size of the writable tmpfs /tmp (and of each `tmpfs` folder), e.g. 2g; its contents "
+        "count against the memory limit."))
+    tmpfs: list[str] = Field(default_factory=list, description=(
+        "Further container folders the image needs writable on its read-only root (e.g. a "
+        "vendor runtime's log folder); each becomes a tmpfs of `tmpfs_size`."))
+    mount_roots: list[str] = Field(default_factory=list, description=(
+        "Host folders that files named in a stage config (text_file, tolerance_file) must lie "
+        "in to be mounted read-only. Empty: the working directory and the checkpoint's folder. "
+        "System folders (/, /etc, /proc, /var/run, ...) are never allowed."))
 
     @field_validator("user")
     @classmethod
     def _not_root(cls, value: str) -> str:
-        if value.split(":")[0] in ("0", "root"):
-            raise ValueError("stages never run as root; use a non-root uid:gid such as 10001:10001")
+        cls.parse_user(value)
         return value
+
+    @field_validator("tmpfs")
+    @classmethod
+    def _container_folders(cls, value: list[str]) -> list[str]:
+        for path in value:
+            parts = path.split("/")
+            if not path.startswith("/") or path == "/" or ".." in parts or "," in path:
+                raise ValueError(f"'{path}' is not an absolute container folder below / "
+                                 "(no '..' or ','), e.g. /var/log/vendor")
+        return value
+
+    @staticmethod
+    def parse_user(value: str) -> tuple[int | str, int | str | None]:
+        """(uid or name, gid or group name or None) of a user string; ValueError when it is
+        malformed or names root. Strict on purpose: Docker reads ' 0', '+0' and '00' as uid 0."""
+        import re
+
+        if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*"
+                                                           r"(:[A-Za-z0-9_][A-Za-z0-9_.-]*)?", value):
+            raise ValueError(f"user {value!r} is not 'UID:GID' or 'NAME[:GROUP]' (digits, letters, "
+                             "'_', '.', '-'; no spaces or signs); use a non-root uid:gid such as "
+                             "10001:10001")
+        user, _, group = value.partition(":")
+        parts = [int(p) if p and re.fullmatch(r"[0-9]+", p) else p or None for p in (user, group)]
+        if parts[0] in (0, "root") or parts[1] in (0, "root"):
+            raise ValueError(f"user {value!r} names root (uid 0, gid 0 or 'root'): stages never run as "
+                             "root or in the root group; "
+                             "use a non-root uid:gid such as 10001:10001")
+        if any(isinstance(p, int) and p > 2**31 - 2 for p in parts):
+            raise ValueError(f"user {value!r}: ids above 2147483646 are not valid uids/gids")
+        return parts[0], parts[1]
 
 
 class Target(BaseModel):
@@ -74,9 +132,13 @@ class Target(BaseModel):
     concurrency: int = Field(1, ge=1, description=(
         "Stages of one validation running at once on this target; 1 = the device is never "
         "shared by two stages."))
-    timeout_s: float = Field(1800.0, gt=0, description="Wall-clock limit per stage, seconds.")
-    memory_limit_gib: float | None = Field(
-        None, gt=0, description="Resident-memory limit per stage process; exceeded = stage fails.")
+    timeout_s: float | None = Field(None, gt=0, description=(
+        "Wall-clock limit per stage, seconds; exceeded = the stage is killed, verdict ERROR. "
+        "None: each stage's time budget derived from the model's size (day0/data/budgets.yaml)."))
+    memory_limit_gib: float | None = Field(None, gt=0, description=(
+        "Resident-memory limit per stage (its whole process group), GiB; exceeded = the stage "
+        "is killed, verdict ERROR. None: each stage's memory budget derived from the model's "
+        "parameter count and dtypes (day0/data/budgets.yaml)."))
     op_manifest: str | None = Field(None, description=(
         "YAML file listing the aten ops the backend supports; used instead of probing the device."))
     card_memory_gib: float = Field(80.0, gt=0, description="Memory of one accelerator card, GiB.")

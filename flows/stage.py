@@ -2,7 +2,7 @@
 
 Deployed as ``day0-stage/docker`` and ``day0-stage/kubernetes`` (deploy/prefect.yaml) and
 submitted by ``day0.runners.deployment`` for targets with ``runner: deployment``. It runs the
-stage with the process runner inside the job (the target's timeout and memory limit; its
+stage with the process runner inside the job (the target's limits or the stage budget; its
 ``runner`` is ignored here), writes the StageOutcome JSON to ``result_uri`` and returns it.
 A stage that fails is a failed outcome in a Completed run (the parent's gates read the reason);
 the run itself is Failed/Crashed only when this flow breaks (bad spec, unwritable result_uri,
@@ -43,9 +43,8 @@ def day0_stage(spec: dict, result_uri: str | None = None):
     stage_spec = StageSpec.model_validate(spec)  # a bad spec is this flow's failure: Failed
     target = stage_spec.inputs.target
     logger.info("day0-stage %s for %s in %s", stage_spec.stage, target.label, where_am_i())
-    outcome = run_stage(stage_spec, timeout_s=target.timeout_s,
-                        memory_limit_gib=target.memory_limit_gib,
-                        log=lambda line: logger.info("[%s] %s", stage_spec.stage, line))
+    # the target's limits, else the budget derived from the spec's upstream analysis
+    outcome = run_stage(stage_spec, log=lambda line: logger.info("[%s] %s", stage_spec.stage, line))
     if result_uri:
         write_outcome(result_uri, outcome)  # unwritable: the run fails, the parent says why
     data = outcome.model_dump(mode="json")

@@ -7,19 +7,31 @@ Run it: ``day0 validate SOURCE --target cpu-bf16`` or, against a server,
 from __future__ import annotations
 
 from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
 
 from day0 import cache
 from day0 import gates as gating
 from day0 import report as reporting
 from day0.contract import StageInputs
 from day0.targets import REFERENCE, resolve_target
+from flows.results import result_storage
+from tasks.housekeeping import start_of_run
 from tasks.stages import publish_report_task, run_stage_task
 
 STAGE_ORDER = ("analysis", "scan", "alignment")
 
 
-# persisted so `day0 validate --deployment` can read the report of a run executed elsewhere
-@flow(name="validate", flow_run_name="validate {target}: {source}", persist_result=True)
+def _run_name() -> str:
+    """'validate cpu-bf16: SOURCE', or the target file's name when the target comes from one."""
+    params = flow_run.parameters
+    target = params.get("target") or params.get("target_file") or "cpu-bf16"
+    return f"validate {target}: {params.get('source', '?')}"
+
+
+# persisted so `day0 validate --deployment` can read the report of a served run: as JSON under
+# day0's cache dir, never pickled (flows.results; the storage is resolved at import)
+@flow(name="validate", flow_run_name=_run_name, persist_result=True,
+      result_serializer="json", result_storage=result_storage())
 def validate(source: str, target: str | None = "cpu-bf16", target_file: str | None = None,
              gates: str | None = None, out: str | None = None,
              stage_configs: dict[str, dict] | None = None, use_cache: bool = True,
@@ -30,6 +42,7 @@ def validate(source: str, target: str | None = "cpu-bf16", target_file: str | No
     <base>/<model>/<revision or weights digest>/<target>/, see day0.storage) and keys the
     reference perplexity stored for later runs of the same model and revision (day0.sanity)."""
     logger = get_run_logger()
+    start_of_run(logger)  # own this run by pid; crash runs and sweep folders of dead processes
     target_profile = resolve_target(target, target_file)
     gate_file = gating.load_gates(gates)  # config errors stop the run before any stage
     configs = stage_configs or {}

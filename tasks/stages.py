@@ -11,7 +11,9 @@ from day0.runners import run_on_target
 from day0.stage import StageOutcome, StageSpec
 
 
-@task(name="stage", task_run_name="{stage}", cache_policy=NO_CACHE)
+# never persisted: the flow persists its results, which would pickle task results too; stage
+# outcomes are cached by day0.cache as JSON
+@task(name="stage", task_run_name="{stage}", cache_policy=NO_CACHE, persist_result=False)
 def run_stage_task(stage: str, config: dict, inputs: StageInputs, use_cache: bool = True,
                    weights: str | None = None) -> StageOutcome:
     """Run `stage` with the target's runner (subprocess, container or stage deployment), bounded
@@ -32,7 +34,7 @@ def run_stage_task(stage: str, config: dict, inputs: StageInputs, use_cache: boo
     return outcome
 
 
-@task(name="publish-report", cache_policy=NO_CACHE)
+@task(name="publish-report", cache_policy=NO_CACHE, persist_result=False)
 def publish_report_task(report_json: dict, out: str | None,
                         outcomes: dict[str, StageOutcome] | None = None,
                         revision: str | None = None) -> str | None:

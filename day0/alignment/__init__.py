@@ -38,6 +38,7 @@ from day0.alignment.text import (load_tokenizer, prefix_token, prompts, read_tex
 from day0.alignment.tolerances import load_tolerances
 from day0.contract import StageInputs, StageResult
 from day0.errors import ConfigError, StageError
+from day0.limits import check_source
 from day0.modeling import load_pretrained
 from day0.plugins import apply_plugins
 from day0.sources import local_checkpoint
@@ -246,6 +247,7 @@ def run(config: Config, inputs: StageInputs, *, memo: Memo | None = None) -> Res
     # s3:// sources: streamed shard by shard into the local cache (unchanged ETags: no download)
     inputs = inputs.model_copy(update={"source": local_checkpoint(inputs.source, log=print)})
     lap("fetch")
+    check_source(inputs.source)  # a hostile config.json is refused before any weight is read
     if target.dtype not in tolerances.ops.tolerances or \
             target.dtype not in tolerances.control.floors.layer_rel_error:
         raise ConfigError(f"no tolerances for dtype {target.dtype}",

@@ -1,10 +1,12 @@
 """The HTTP surface of the receiver (FastAPI). `create_app(settings)` builds it.
 
 Order of work for every POST: authenticate what can be authenticated from the headers -> refuse
-bodies over max_body_bytes (413, before reading more) -> verify body signatures -> parse JSON
-(400) -> validate the schema (422) -> write the journal durably -> answer 2xx -> wake the worker.
-Bad input is always a 4xx with {"detail": reason}; 5xx only means the receiver itself is in
-trouble (journal unwritable: 503, SNS confirmation call failed: 502).
+bodies over max_body_bytes (413, before reading more) -> verify body signatures -> bound the JSON
+(413 over limits.max_json_keys) -> parse JSON (400) -> validate the schema and every name (422)
+-> write the journal durably -> answer 2xx -> wake the worker. Bad input is always a 4xx with
+{"detail": reason}; 5xx only means the receiver itself is in trouble (journal unwritable: 503,
+SNS confirmation call failed: 502). A client that goes away mid-request costs one log line.
+Connection-level limits (read deadlines, CL+TE, connection cap) are in day0.receiver.server.
 """
 
 from __future__ import annotations
@@ -16,30 +18,37 @@ import logging
 import posixpath
 import sqlite3
 import time
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.requests import ClientDisconnect
 
 from day0.receiver import auth
 from day0.receiver.auth import AuthError
+from day0.receiver.checks import CheckRunner
 from day0.receiver.completeness import Checker, StoreError, make_client, model_of, relevant
 from day0.receiver.events import (BadRequest, ObjectEvent, Release, parse_hf, parse_json,
                                   parse_release, parse_s3, parse_seaweedfs)
 from day0.receiver.journal import Journal, ReleaseRow
+from day0.receiver.safety import EscapeFilter
+from day0.receiver.server import FramingGuard, uvicorn_config
 from day0.receiver.settings import ReceiverSettings, secret
-from day0.receiver.submit import Worker
+from day0.receiver.submit import Worker, watch
 
 log = logging.getLogger("day0.receiver")
-INLINE_CHECK_S = 8.0
-DRAIN_FACTOR = 4  # longer checks finish in the background; the event is already durable
+log.addFilter(EscapeFilter())  # keys, names and store errors come from outside
+DRAIN_FACTOR = 4
 
 
 class TooLarge(Exception):
     pass
+
+
+class ClientGone(Exception):
+    """The client closed the connection (or missed the body deadline) before its body ended."""
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -56,12 +65,15 @@ async def read_body(request: Request, limit: int) -> bytes:
         if int(declared) > limit * DRAIN_FACTOR:
             raise TooLarge()
     chunks, total = [], 0
-    async for chunk in request.stream():
-        total += len(chunk)
-        if total > limit * DRAIN_FACTOR:
-            raise TooLarge()
-        if total <= limit:
-            chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            total += len(chunk)
+            if total > limit * DRAIN_FACTOR:
+                raise TooLarge()
+            if total <= limit:
+                chunks.append(chunk)
+    except ClientDisconnect:
+        raise ClientGone() from None
     if total > limit:
         raise TooLarge()
     return b"".join(chunks)
@@ -88,9 +100,10 @@ class Receiver:
         self.targets_allowed = _allowed_targets(settings)
         factory = client_factory or (lambda: make_client(settings.s3))
         self.checker = Checker(self.journal, factory, settings.checkpoint, settings.targets)
-        self.worker = Worker(self.journal, self.checker, settings)
-        # store calls get their own threads: a slow store must not delay journal writes
-        self.check_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="day0-check")
+        # store calls get their own bounded threads: a slow store must not delay anything else
+        self.runner = CheckRunner(self.checker, settings.checks)
+        self.worker = Worker(self.journal, self.runner, settings)
+        self.runner.on_done(self.worker.wake)
 
     # ---- releases ------------------------------------------------------------------------
 
@@ -116,35 +129,51 @@ class Receiver:
     # ---- object-store events -------------------------------------------------------------
 
     async def objects(self, events: list[ObjectEvent]) -> JSONResponse:
-        rules = self.settings.checkpoint
-        rows = []
-        for ev in events:
-            if relevant(ev.bucket, ev.key, rules):
-                rows.append((ev.bucket, posixpath.dirname(ev.key)))
+        rules, checks = self.settings.checkpoint, self.settings.checks
+        rows = list(dict.fromkeys((ev.bucket, posixpath.dirname(ev.key)) for ev in events
+                                  if relevant(ev.bucket, ev.key, rules)))
         if not rows:
             return _reply(200, status="ignored",
                           reason="no checkpoint file (config.json, index, *.safetensors) in the event")
+        most = self.settings.limits.max_prefixes_per_event
+        if len(rows) > most:
+            raise BadRequest(422, f"event names {len(rows)} checkpoint prefixes; at most {most} "
+                                  "(limits.max_prefixes_per_event)")
         generations = await asyncio.to_thread(self.journal.record_objects, rows)
+        # all prefixes are checked at once, under one deadline for the whole request; while the
+        # store is degraded the answer does not wait for it at all
+        degraded = self.runner.report()["state"] == "degraded"
+        futures = {key: self.runner.submit(*key, gen) for key, gen in generations.items()}
+        waiting = [watch(f) for f in futures.values() if f is not None]
+        if waiting and not degraded and checks.inline_wait_s > 0:
+            await asyncio.wait(waiting, timeout=checks.inline_wait_s)
         out, any_new = [], False
         for (bucket, prefix), gen in generations.items():
-            model = model_of(bucket, prefix)
-            try:
-                check = asyncio.get_running_loop().run_in_executor(
-                    self.check_pool, self.checker.ensure_checked, bucket, prefix, gen)
-                state, fresh = await asyncio.wait_for(check, INLINE_CHECK_S)
-            except Exception as exc:  # store down, slow or odd: the worker retries with backoff
-                if not isinstance(exc, (StoreError, asyncio.TimeoutError)):
-                    log.exception("completeness check of s3://%s/%s failed", bucket, prefix)
-                self.worker.wake()
-                reason = str(exc) or "store check still running"
+            model, fut = model_of(bucket, prefix), futures[(bucket, prefix)]
+            state = fresh = None
+            if fut is None:
+                reason = "store checks queue full"
+            elif not fut.done():
+                reason = "store degraded" if degraded else "store check still running"
+            elif fut.cancelled():
+                reason = "store check cancelled"
+            elif fut.exception() is not None:
+                exc = fut.exception()
+                if not isinstance(exc, StoreError):
+                    log.error("completeness check of s3://%s/%s failed: %s: %s", bucket, prefix,
+                              type(exc).__name__, exc)
+                reason = str(exc) or type(exc).__name__
+            else:
+                state, fresh = fut.result()
+                reason = "an earlier check is still running" if state is None or state.checked < gen else None
+            if reason is not None:  # the worker checks again (with backoff on store errors)
                 out.append({"model": model, "state": "recorded", "detail": f"check pending: {reason}"})
                 continue
             any_new |= any(fresh)
             out.append({"model": model, "state": state.state, "missing": state.missing,
                         "revision": state.revision, "detail": state.detail,
                         "new_releases": sum(fresh)})
-        if any_new:
-            self.worker.wake()
+        self.worker.wake()
         states = {o["state"] for o in out}
         status = ("accepted" if any_new else "complete" if states == {"complete"}
                   else "waiting" if "waiting" in states else "recorded")
@@ -232,14 +261,15 @@ def create_app(settings: ReceiverSettings, client_factory=None) -> FastAPI:
             yield
         finally:
             receiver.worker.stop()
-            receiver.check_pool.shutdown(wait=False, cancel_futures=True)
+            receiver.runner.shutdown()
             receiver.journal.close()
 
     app = FastAPI(title="day0 release receiver", lifespan=lifespan, docs_url=None,
                   redoc_url=None, openapi_url=None)
     app.add_middleware(ServerTiming)
+    app.add_middleware(FramingGuard)  # added last: runs first, before any handler sees a body
     secrets = settings.secrets
-    limit = settings.max_body_bytes
+    limit, max_keys = settings.max_body_bytes, settings.limits.max_json_keys
 
     @app.exception_handler(BadRequest)
     async def _bad(request, exc: BadRequest):
@@ -255,6 +285,13 @@ def create_app(settings: ReceiverSettings, client_factory=None) -> FastAPI:
         return JSONResponse({"detail": f"body larger than {limit} bytes"}, status_code=413,
                             headers={"Connection": "close"})
 
+    @app.exception_handler(ClientGone)
+    async def _gone(request, exc):
+        client = request.client
+        log.info("client %s went away before sending its whole body (%s %s); nothing recorded",
+                 f"{client.host}:{client.port}" if client else "?", request.method, request.url.path)
+        return _reply(400, detail="incomplete body")  # nobody is left to read it
+
     @app.exception_handler(sqlite3.Error)
     async def _journal(request, exc):
         log.error("journal write failed: %s", exc)
@@ -268,7 +305,7 @@ def create_app(settings: ReceiverSettings, client_factory=None) -> FastAPI:
     async def s3_events(request: Request):
         auth.check_token(request.headers, request.query_params, secret(secrets.s3_token),
                          allow_query=True)
-        data = parse_json(await read_body(request, limit))
+        data = parse_json(await read_body(request, limit), max_keys)
         payload = parse_s3(data, request.headers.get("x-amz-sns-message-type"))
         if payload.sns is not None and payload.sns.Type != "Notification":
             return await receiver(request).sns_control(payload.sns)
@@ -279,7 +316,7 @@ def create_app(settings: ReceiverSettings, client_factory=None) -> FastAPI:
     @app.post("/v1/events/seaweedfs")
     async def seaweedfs_events(request: Request):
         auth.check_token(request.headers, {}, secret(secrets.seaweedfs_token))
-        data = parse_json(await read_body(request, limit))
+        data = parse_json(await read_body(request, limit), max_keys)
         events, ignored = parse_seaweedfs(data, settings.checkpoint.seaweedfs_buckets_dir)
         if ignored:
             return _reply(200, status="ignored", reason=ignored)
@@ -291,7 +328,7 @@ def create_app(settings: ReceiverSettings, client_factory=None) -> FastAPI:
         if auth.HF_SECRET_HEADER.lower() in headers:
             auth.check_shared_secret(headers.get(auth.HF_SECRET_HEADER), secret(secrets.hf_webhook),
                                      auth.HF_SECRET_HEADER)
-            data = parse_json(await read_body(request, limit))
+            data = parse_json(await read_body(request, limit), max_keys)
             hub = settings.hub
             releases, ignored = parse_hf(data, hub.branches, hub.repo_types, hub.source)
             if ignored:
@@ -304,19 +341,23 @@ def create_app(settings: ReceiverSettings, client_factory=None) -> FastAPI:
             raise AuthError("no release_hmac secret is configured")
         body = await read_body(request, limit)
         auth.check_signature(headers, body, secret(secrets.release_hmac), settings.replay_window_s)
-        return await receiver(request).accept([parse_release(parse_json(body))])
+        return await receiver(request).accept(
+            [parse_release(parse_json(body, max_keys), settings.release_sources)])
 
     @app.get("/healthz")
     async def healthz(request: Request):
         rec = receiver(request)
+        store = rec.runner.report()
+        healthy = rec.worker.alive and store["state"] != "degraded"
+        status = "ok" if healthy else "degraded"
         try:
             auth.check_token(request.headers, {}, secret(secrets.admin_token))
         except AuthError:
             if not settings.public_healthz:
                 raise
-            return _reply(200, status="ok" if rec.worker.alive else "degraded")
+            return _reply(200, status=status)
         stats = await asyncio.to_thread(rec.journal.stats)
-        return _reply(200, status="ok" if rec.worker.alive else "degraded", worker_alive=rec.worker.alive,
+        return _reply(200, status=status, worker_alive=rec.worker.alive, store=store,
                       submitted_by_this_process=rec.worker.submitted,
                       last_worker_error=rec.worker.last_error, journal=stats,
                       deployment=settings.deployment)
@@ -329,6 +370,4 @@ def serve(settings: ReceiverSettings) -> None:
     import uvicorn
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # access_log off: SNS senders may carry ?token= in the URL
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, access_log=False,
-                log_level="info", timeout_keep_alive=30)
+    uvicorn.Server(uvicorn_config(create_app(settings), settings)).run()

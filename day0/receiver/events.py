@@ -12,6 +12,9 @@ Accepted shapes (unknown extra fields are ignored, missing required ones are a 4
 - Hugging Face Hub webhooks ``{"event": {"action", "scope"}, "repo": {"type", "name", "headSha"},
   "updatedRefs": [{"ref", "oldSha", "newSha"}]}``;
 - the generic signed release ``{"model", "revision", "source", "targets"?}``.
+
+Every object key, model name and source passes day0.receiver.safety's grammar (no '..', no
+absolute key, no control character) or the whole body is a 422 and nothing is journaled.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote_plus
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from day0.receiver.safety import BUCKET, check_name, parse_source, under
 
 
 class BadRequest(Exception):
@@ -65,9 +70,6 @@ class S3Object(_Lenient):
     key: str = Field(min_length=1, max_length=4096)
     size: int | None = Field(None, ge=0)
     eTag: str | None = None
-
-
-BUCKET = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$"  # S3 rules, loosened as MinIO/Ceph allow
 
 
 class S3Bucket(_Lenient):
@@ -130,10 +132,13 @@ def _reasons(exc: ValidationError, limit: int = 5) -> str:
     return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
 
 
-def parse_json(body: bytes) -> Any:
-    """Bytes -> JSON value, or BadRequest(400)."""
+def parse_json(body: bytes, max_keys: int | None = None) -> Any:
+    """Bytes -> JSON value, or BadRequest(400); 413 for more than `max_keys` ':' (each key has
+    one, so this bounds the keys and the work of parsing and validating, before parsing)."""
     if not body.strip():
         raise BadRequest(400, "empty body")
+    if max_keys is not None and body.count(b":") > max_keys:
+        raise BadRequest(413, f"JSON with more than {max_keys} keys")
     try:
         return json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
@@ -166,9 +171,12 @@ def parse_s3(data: Any, sns_type_header: str | None = None) -> S3Payload:
         return inner
     if "Records" in data:
         note = _validate(S3Notification, data, "S3 event notification")
-        objects = [ObjectEvent(bucket=r.s3.bucket.name, key=unquote_plus(r.s3.object.key),
-                               size=r.s3.object.size, etag=_etag(r.s3.object.eTag))
-                   for r in note.Records if "ObjectCreated" in r.eventName]
+        objects = []
+        for i, r in enumerate(note.Records):
+            key = unquote_plus(r.s3.object.key)
+            if "ObjectCreated" in r.eventName and not key.endswith("/"):  # '/': folder marker
+                objects.append(ObjectEvent(bucket=r.s3.bucket.name, key=_key(key, f"Records.{i}"),
+                                           size=r.s3.object.size, etag=_etag(r.s3.object.eTag)))
         return S3Payload(objects=objects, ignored=None if objects else "no ObjectCreated records")
     if "detail-type" in data:
         ev = _validate(EventBridgeEvent, data, "EventBridge event")
@@ -176,7 +184,10 @@ def parse_s3(data: Any, sns_type_header: str | None = None) -> S3Payload:
             return S3Payload(objects=[], ignored=f"{ev.source} {ev.detail_type!r} is not 'Object Created'")
         # EventBridge keys are not URL-encoded (unlike S3 notification records)
         obj = ev.detail.object
-        return S3Payload(objects=[ObjectEvent(ev.detail.bucket.name, obj.key, obj.size, _etag(obj.etag))])
+        if obj.key.endswith("/"):
+            return S3Payload(objects=[], ignored="folder marker")
+        key = _key(obj.key, "detail")
+        return S3Payload(objects=[ObjectEvent(ev.detail.bucket.name, key, obj.size, _etag(obj.etag))])
     if data.get("Event") == "s3:TestEvent":
         return S3Payload(objects=[], ignored="s3:TestEvent")
     raise BadRequest(422, "not an S3 event: expected Records, an SNS envelope or an EventBridge event")
@@ -184,6 +195,13 @@ def parse_s3(data: Any, sns_type_header: str | None = None) -> S3Payload:
 
 def _etag(value: str | None) -> str | None:
     return value.strip('"') if value else None
+
+
+def _key(key: str, where: str) -> str:
+    try:
+        return check_name(key, f"{where}: object key {key[:200]!r}")
+    except ValueError as exc:
+        raise BadRequest(422, str(exc)) from None
 
 
 # ---- SeaweedFS filer webhook ---------------------------------------------------------------
@@ -235,12 +253,13 @@ def parse_seaweedfs(data: Any, buckets_dir: str) -> tuple[list[ObjectEvent], str
         path = note.message.new_parent_path.rstrip("/") + "/" + entry.name
     root = buckets_dir.rstrip("/") + "/"
     if not path.startswith(root):
-        return [], f"{path} is not under {buckets_dir}"
+        return [], f"{path[:300]!r} is not under {buckets_dir}"
     bucket, _, key = path[len(root):].partition("/")
     if not bucket or not key or not re.match(BUCKET, bucket):  # /buckets/.system/ is internal
-        return [], f"{path} is not an object in a bucket"
+        return [], f"{path[:300]!r} is not an object in a bucket"
     if "/.uploads/" in "/" + key:  # multipart parts; the completed object has its own event
         return [], "multipart upload part"
+    key = _key(key, "key")
     size = entry.attributes.file_size if entry.attributes else None
     return [ObjectEvent(bucket=bucket, key=key, size=size, etag=entry.s3_etag())], None
 
@@ -260,6 +279,8 @@ class HfRepo(_Lenient):
     type: str
     name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
     headSha: str | None = Field(None, pattern=r"^[0-9a-f]{7,64}$")
+
+    _safe_name = field_validator("name")(lambda v: check_name(v, "repo name"))
 
 
 class HfRef(_Lenient):
@@ -286,6 +307,9 @@ class GenericRelease(BaseModel):
     targets: list[str] | None = Field(None, min_length=1, max_length=32,
                                       description="Targets to validate (default: receiver's).")
 
+    _safe_model = field_validator("model")(lambda v: check_name(v, "model name"))
+    _safe_source = field_validator("source")(lambda v: parse_source(v))
+
 
 def parse_hf(data: Any, branches: list[str], repo_types: list[str], source_template: str
              ) -> tuple[list[Release], str | None]:
@@ -310,8 +334,12 @@ def parse_hf(data: Any, branches: list[str], repo_types: list[str], source_templ
     return releases, None
 
 
-def parse_release(data: Any) -> Release:
+def parse_release(data: Any, sources: list[str] | None = None) -> Release:
+    """A signed release body; its source must lie under one of `sources` (None: any)."""
     body = _validate(GenericRelease, data, "release")
+    if sources is not None and not under(body.source, sources):
+        raise BadRequest(422, f"source {body.source[:200]!r} is not under release_sources "
+                              f"({', '.join(sources) or 'none configured'})")
     targets = tuple(dict.fromkeys(body.targets)) if body.targets else None
     return Release(model=body.model, revision=body.revision, source=body.source,
                    origin="webhook", targets=targets)

@@ -207,11 +207,13 @@ class Journal:
             "UPDATE prefixes SET failures = failures + 1, next_check = ?, state = 'error', detail = ?"
             " WHERE bucket = ? AND prefix = ?", (when, error[:2000], bucket, prefix)))
 
-    def due_prefixes(self, now: float | None = None) -> list[tuple[str, str, int]]:
-        """Prefixes with events no check has covered yet, as (bucket, prefix, failures)."""
+    def due_prefixes(self, now: float | None = None, limit: int = 1000) -> list[tuple[str, str, int]]:
+        """Prefixes with events no check has covered yet, as (bucket, prefix, failures), the
+        longest-waiting first, at most `limit`."""
         return [tuple(r) for r in self._read(
             "SELECT bucket, prefix, failures FROM prefixes WHERE generation > checked"
-            " AND next_check <= ? ORDER BY bucket, prefix", (time.time() if now is None else now,))]
+            " AND next_check <= ? ORDER BY next_check, bucket, prefix LIMIT ?",
+            (time.time() if now is None else now, limit))]
 
     def next_check_due(self) -> float | None:
         return self._read("SELECT MIN(next_check) FROM prefixes WHERE generation > checked")[0][0]

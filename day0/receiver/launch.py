@@ -110,13 +110,14 @@ class ReceiverThread:
         import uvicorn
 
         from day0.receiver.app import create_app
+        from day0.receiver.server import uvicorn_config
 
         if not settings.port:
             settings = settings.model_copy(update={"port": free_port()})
         self.settings = settings
-        config = uvicorn.Config(create_app(settings, client_factory), host=settings.host,
-                                port=settings.port, log_level="warning", access_log=False,
-                                lifespan="on")
+        # the same limits and protocol as `day0 hooks serve`
+        config = uvicorn_config(create_app(settings, client_factory), settings,
+                                log_level="warning", lifespan="on")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="receiver-uvicorn", daemon=True)
 

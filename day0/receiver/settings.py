@@ -16,7 +16,8 @@ from day0.errors import ConfigError
 from day0.yamlio import load_model, read_mapping
 
 DEFAULTS = Path(__file__).resolve().parents[1] / "data" / "receiver.yaml"
-FLOW_PARAMETERS = ("target_file", "gates", "out", "stage_configs", "use_cache", "trust_remote_code")
+# trust_remote_code is not among them: it is granted per source prefix (ReceiverSettings below)
+FLOW_PARAMETERS = ("target_file", "gates", "out", "stage_configs", "use_cache")
 
 
 class _Strict(BaseModel):
@@ -54,9 +55,12 @@ class HubSettings(_Strict):
     @classmethod
     def _template(cls, value: str) -> str:
         try:
-            value.format(repo="org/name", revision="0" * 40)
+            example = value.format(repo="org/name", revision="0" * 40)
         except (KeyError, IndexError, ValueError) as exc:
             raise ValueError(f"only {{repo}} and {{revision}} may appear in braces ({exc!r})") from None
+        from day0.receiver.safety import parse_source
+
+        parse_source(example)  # s3:// or an absolute folder, so Hub releases cannot name others
         return value
 
 
@@ -67,6 +71,48 @@ class S3Settings(_Strict):
     region: str | None = Field(None, description="Region name.")
     access_key_id: SecretStr | None = Field(None, description="Access key (env:VAR allowed).")
     secret_access_key: SecretStr | None = Field(None, description="Secret key (env:VAR allowed).")
+    request_timeout_s: float = Field(5.0, gt=0, le=300, description=(
+        "Connect and read timeout of each store request made by a completeness check."))
+    max_attempts: int = Field(2, ge=1, le=10, description=(
+        "Attempts per store request (botocore standard retry mode), first one included."))
+
+
+class CheckSettings(_Strict):
+    """How completeness checks use the store: bounded, and isolated from everything else."""
+
+    concurrency: int = Field(4, ge=1, le=64, description=(
+        "Checks running at once (threads); a store that never answers ties up at most these."))
+    timeout_s: float = Field(30.0, gt=0, le=3600, description=(
+        "A check of one prefix running longer than this counts as failed: the store is reported "
+        "degraded in /healthz and the prefix is checked again with backoff."))
+    inline_wait_s: float = Field(8.0, ge=0, le=60, description=(
+        "How long an object-store event waits, in total, for its checks before the answer; "
+        "later results are the worker's. Not waited while the store is degraded."))
+    queue: int = Field(64, ge=1, le=10000, description=(
+        "Checks queued behind the running ones at most; more events are journaled and left "
+        "to the worker."))
+
+
+class LimitSettings(_Strict):
+    """What one client may cost the receiver: connection time, header and JSON size."""
+
+    header_timeout_s: float = Field(10.0, gt=0, le=300, description=(
+        "From connection open (or the end of the previous answer) until the request headers "
+        "are complete; slower connections get 408 and are closed."))
+    body_timeout_s: float = Field(30.0, gt=0, le=600, description=(
+        "From the end of the headers until the body is complete; slower connections are closed."))
+    keep_alive_s: int = Field(15, ge=1, le=600, description=(
+        "Idle keep-alive connections are closed after this (uvicorn timeout_keep_alive)."))
+    max_connections: int = Field(500, ge=2, le=100_000, description=(
+        "Open connections at most (uvicorn limit_concurrency): requests beyond it get 503. "
+        "Keep it below the process's open-file limit."))
+    max_header_bytes: int = Field(16 << 10, ge=1024, le=1 << 20, description=(
+        "Largest request head (request line and headers; h11_max_incomplete_event_size)."))
+    max_json_keys: int = Field(10_000, ge=10, le=1_000_000, description=(
+        "Bodies with more than this many ':' (an upper bound on the JSON keys) get 413 before "
+        "they are parsed."))
+    max_prefixes_per_event: int = Field(100, ge=1, le=10_000, description=(
+        "Distinct checkpoint prefixes one object-store event may name; more get 422."))
 
 
 class CheckpointSettings(_Strict):
@@ -111,6 +157,13 @@ class ReceiverSettings(_Strict):
         "Targets a signed release may ask for; default: the targets day0 knows here."))
     flow_parameters: dict[str, Any] = Field(default_factory=dict, description=(
         f"Extra parameters for every flow run; keys among {', '.join(FLOW_PARAMETERS)}."))
+    trust_remote_code: list[str] = Field(default_factory=list, description=(
+        "Sources ('s3://bucket/prefix' or '/abs/folder') whose flow runs get "
+        "trust_remote_code=true (a checkpoint's own Python code runs); no event can ask for it."))
+    release_sources: list[str] = Field(["s3://*"], description=(
+        "Where a signed release's `source` may point: 's3://bucket', 's3://bucket/prefix', "
+        "'s3://*' (any bucket of the configured store) or an absolute folder '/srv/ckpt'. "
+        "Anything else (other schemes, '..', other buckets) gets 422."))
     max_body_bytes: int = Field(1 << 20, gt=0, description="Larger request bodies get 413.")
     replay_window_s: int = Field(300, gt=0, description=(
         "Signed releases whose X-Day0-Timestamp is further than this from now get 401."))
@@ -125,14 +178,26 @@ class ReceiverSettings(_Strict):
     checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings,
                                            description="Completeness rules.")
     submit: SubmitSettings = Field(default_factory=SubmitSettings, description="Submission worker.")
+    checks: CheckSettings = Field(default_factory=CheckSettings, description="Store checks.")
+    limits: LimitSettings = Field(default_factory=LimitSettings, description="Per-client limits.")
 
     @field_validator("flow_parameters")
     @classmethod
     def _known_parameters(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if "trust_remote_code" in value:
+            raise ValueError("trust_remote_code is set per source, not for every run; write "
+                             "trust_remote_code: ['s3://bucket/prefix'] at the top level")
         unknown = sorted(set(value) - set(FLOW_PARAMETERS))
         if unknown:
             raise ValueError(f"unknown flow parameter(s) {unknown}; known: {list(FLOW_PARAMETERS)}")
         return value
+
+    @field_validator("trust_remote_code", "release_sources")
+    @classmethod
+    def _source_prefixes(cls, value: list[str]) -> list[str]:
+        from day0.receiver.safety import source_prefix
+
+        return [source_prefix(v) for v in value]
 
     @field_validator("deployment")
     @classmethod

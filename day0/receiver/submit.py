@@ -2,7 +2,10 @@
 
 It runs in its own thread with its own event loop, so HTTP handlers only write the journal and
 wake it. On start it finds whatever the journal holds as pending (a previous process may have
-been killed between accepting and submitting) and submits it. Each submission is
+been killed between accepting and submitting) and submits it. Store checks of due prefixes
+run on the CheckRunner's own threads and are only watched from here, each with a deadline
+(checks.timeout_s), so a store that never answers cannot hold up the submission of releases.
+Each submission is
 ``run_deployment(..., timeout=0, idempotency_key="day0:<model>@<revision>:<target>")``: if a
 crash came after Prefect created the run but before the journal recorded it, the resubmission
 returns the same flow run instead of creating a second one. Failures back off exponentially
@@ -21,12 +24,23 @@ import threading
 import time
 import uuid
 
-from day0.receiver.completeness import Checker
+from concurrent.futures import Future
+
+from day0.receiver.checks import CheckRunner
 from day0.receiver.journal import Journal, ReleaseRow
+from day0.receiver.safety import under
 from day0.receiver.settings import ReceiverSettings
 
 log = logging.getLogger("day0.receiver")
 EVENT_NAMESPACE = uuid.UUID("6f1d7a5e-3c0b-4b8e-9d39-0da7f5a1c0de")
+
+
+def watch(fut: Future) -> asyncio.Future:
+    """An awaitable for a check's future; its outcome is read from `fut`, so the awaitable's
+    own copy of an exception is marked retrieved (no 'never retrieved' noise when unawaited)."""
+    waiter = asyncio.wrap_future(fut)
+    waiter.add_done_callback(lambda w: w.cancelled() or w.exception())
+    return waiter
 
 
 def backoff(attempt: int, initial: float, cap: float) -> float:
@@ -35,8 +49,10 @@ def backoff(attempt: int, initial: float, cap: float) -> float:
 
 
 class Worker:
-    def __init__(self, journal: Journal, checker: Checker | None, settings: ReceiverSettings):
-        self.journal, self.checker, self.settings = journal, checker, settings
+    def __init__(self, journal: Journal, runner: CheckRunner | None, settings: ReceiverSettings):
+        self.journal, self.runner, self.settings = journal, runner, settings
+        self._checking: set[tuple[str, str]] = set()  # prefixes whose check is watched here
+        self._watchers: set[asyncio.Task] = set()  # strong references until they end
         self._context = contextvars.copy_context()  # inherit Prefect settings of the creator
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -123,26 +139,53 @@ class Worker:
 
     def _idle_delay(self) -> float:
         # 0 means "due now": rows in flight or just recorded, whose owners call wake() anyway
-        due = [t for t in (self.journal.next_release_due(), self.journal.next_check_due()) if t]
+        due = [self.journal.next_release_due()]
+        if not self._checking:  # while checks run, their ends wake the loop (no polling)
+            due.append(self.journal.next_check_due())
+        due = [t for t in due if t]
         delay = self.settings.submit.poll_s
         if due:
             delay = min(delay, max(0.05, min(due) - time.time()))
         return delay
 
     async def _check_prefixes(self) -> None:
-        if self.checker is None:
+        """Start (or watch) the check of each due prefix, as many as the runner has room for."""
+        room = self.runner.capacity() if self.runner is not None else 0
+        if room <= 0:
             return
-        for bucket, prefix, failures in await asyncio.to_thread(self.journal.due_prefixes):
+        for bucket, prefix, failures in await asyncio.to_thread(self.journal.due_prefixes, None, room):
+            if (bucket, prefix) in self._checking:
+                continue
             state = await asyncio.to_thread(self.journal.prefix, bucket, prefix)
-            try:
-                await asyncio.to_thread(self.checker.ensure_checked, bucket, prefix, state.generation)
-            except Exception as exc:  # one bad prefix must not hold up the others
-                delay = backoff(failures, self.settings.submit.backoff_initial_s,
-                                self.settings.submit.backoff_max_s)
-                log.warning("store check of s3://%s/%s failed (retry in %.0f s): %s: %s",
-                            bucket, prefix, delay, type(exc).__name__, exc)
-                await asyncio.to_thread(self.journal.defer_check, bucket, prefix, delay,
-                                        f"{type(exc).__name__}: {exc}")
+            fut = self.runner.submit(bucket, prefix, state.generation)
+            if fut is None:  # queue full: the next pass
+                break
+            self._checking.add((bucket, prefix))
+            task = asyncio.create_task(self._watch_check(bucket, prefix, failures, fut))
+            self._watchers.add(task)
+            task.add_done_callback(self._watchers.discard)
+
+    async def _watch_check(self, bucket: str, prefix: str, failures: int, fut: Future) -> None:
+        try:
+            done, _ = await asyncio.wait([watch(fut)], timeout=self.settings.checks.timeout_s)
+            if not done:
+                self.runner.timed_out(bucket, prefix)
+                error = f"store check took longer than {self.settings.checks.timeout_s:g} s"
+            elif fut.cancelled() or fut.exception() is None:
+                return
+            else:
+                exc = fut.exception()
+                error = f"{type(exc).__name__}: {exc}"
+            delay = backoff(failures, self.settings.submit.backoff_initial_s,
+                            self.settings.submit.backoff_max_s)
+            log.warning("store check of s3://%s/%s failed (retry in %.0f s): %s",
+                        bucket, prefix, delay, error)
+            await asyncio.to_thread(self.journal.defer_check, bucket, prefix, delay, error)
+        except Exception as exc:  # journal trouble: the prefix stays due
+            self.last_error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self._checking.discard((bucket, prefix))
+            self.wake()
 
     async def _submit(self, client, row: ReleaseRow, limit: asyncio.Semaphore) -> None:
         from prefect.deployments import arun_deployment
@@ -150,6 +193,8 @@ class Worker:
         s = self.settings
         params = {"source": row.source, "target": row.target, "revision": row.revision,
                   **s.flow_parameters}
+        if s.trust_remote_code and under(row.source, s.trust_remote_code):
+            params["trust_remote_code"] = True  # the receiver's config only, never an event
         try:
             async with limit:
                 try:

@@ -17,6 +17,7 @@ import threading
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
+from day0.budget import derive, params_of, shape_of, with_budget
 from day0.stage import StageOutcome, StageSpec, run_stage
 from day0.targets import Target
 
@@ -36,16 +37,23 @@ def target_slot(target: Target) -> Iterator[None]:
 
 def run_on_target(spec: StageSpec, target: Target,
                   log: Callable[[str], None] | None = None) -> StageOutcome:
-    """Run spec with the target's runner inside one of its concurrency slots."""
+    """Run spec with the target's runner inside one of its concurrency slots, within the stage's
+    budget (the target's limits, else derived from the model's size: day0.budget)."""
+    budget = derive(spec.stage, target, params_of(spec.inputs.upstream),
+                    reference=spec.inputs.reference, shape=shape_of(spec.inputs.upstream),
+                    stage_config=spec.config)
     with target_slot(target):
+        if target.runner == "process":
+            return run_stage(spec, budget=budget, log=log)
+        # these runners read the limits from the target: hand them the budget's figures
+        limited = with_budget(target, budget)
         if target.runner == "docker":
             from day0.runners.docker import run_in_container
-            return run_in_container(spec, target, log=log)
-        if target.runner == "deployment":
+            outcome = run_in_container(spec, limited, log=log)
+        else:
             from day0.runners.deployment import run_on_deployment
-            return run_on_deployment(spec, target, log=log)
-        return run_stage(spec, timeout_s=target.timeout_s,
-                         memory_limit_gib=target.memory_limit_gib, log=log)
+            outcome = run_on_deployment(spec, limited, log=log)
+        return outcome.model_copy(update={"budget": budget})
 
 
 __all__ = ["run_on_target", "target_slot"]

@@ -61,17 +61,14 @@ def stage_results_base(spec: StageSpec) -> str | None:
 
 def write_outcome(uri: str, outcome: StageOutcome) -> None:
     """Child side: the outcome JSON at uri (s3:// or a local path), never half-written."""
+    from day0.atomic import write_atomic
     from day0.storage import is_s3, put_object
 
     data = outcome.model_dump_json()
     if is_s3(uri):
         put_object(uri, data.encode())
         return
-    path = Path(uri)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(data)
-    os.replace(tmp, path)
+    write_atomic(uri, data)  # a shared results folder: no guessable temp name
 
 
 def read_outcome(uri: str) -> StageOutcome | None:
@@ -145,6 +142,8 @@ def _run(spec: StageSpec, target: Target, name: str, log, started: float) -> Sta
     from prefect.deployments import run_deployment
     from prefect.exceptions import ObjectNotFound
 
+    from day0.budget import for_spec
+
     base = stage_results_base(spec)
     if base is None:
         return _failed(spec, "config", (
@@ -153,7 +152,9 @@ def _run(spec: StageSpec, target: Target, name: str, log, started: float) -> Sta
             "the same path in the jobs), or validate an s3:// source"), started)
     result_uri = f"{base}/{uuid.uuid4().hex}/{spec.stage}.json"
     grace = float(os.environ.get(GRACE_ENV) or DEFAULT_GRACE_S)
-    deadline_s = target.timeout_s + grace
+    # run_on_target hands over the budget's figures; a direct caller gets the derived budget
+    timeout_s = target.timeout_s or for_spec(spec).timeout_s
+    deadline_s = timeout_s + grace
     parameters = {"spec": json.loads(spec.model_dump_json()), "result_uri": result_uri}
     try:
         flow_run = run_deployment(name=name, parameters=parameters, timeout=deadline_s,
@@ -174,7 +175,7 @@ def _run(spec: StageSpec, target: Target, name: str, log, started: float) -> Sta
             note = _cancel(flow_run)
             return _failed(spec, "timeout", (
                 f"stage '{spec.stage}' did not finish within {deadline_s:g} s "
-                f"(timeout_s {target.timeout_s:g} + {grace:g} s start grace) on {where}: {note}"),
+                f"(timeout_s {timeout_s:g} + {grace:g} s start grace) on {where}: {note}"),
                 started, ran_in)
         if not state.is_completed():
             message = (state.message or "").strip().splitlines()

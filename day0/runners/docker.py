@@ -3,11 +3,15 @@
 The container runs the same contract as the process runner (``python -m day0.stage SPEC
 RESULT``) with:
 
-* the weights mounted read-only (a local folder, or the materialized snapshot of an s3://
-  source: with ``network: none`` the stage downloads nothing itself) and file plugins read-only;
+* only checked mounts, read-only: the weights (a local folder, or the materialized snapshot of an
+  s3:// source: with ``network: none`` the stage downloads nothing itself), file plugins and the
+  files the stage config declares (``day0.runners.docker_policy`` says which and refuses the rest);
 * a per-stage scratch folder (spec, result, TMPDIR, HF_HOME) mounted read-write and removed after;
-* no network unless the target asks for it, a non-root user, the target's memory limit (swap
-  included), shm size, GPU requests and device nodes;
+* no network unless the target asks for it, a non-root uid:gid resolved before the container
+  exists, no capabilities, no-new-privileges, a read-only root with a tmpfs /tmp, memory (swap
+  included), CPU and pids limits, shm size, GPU requests and device nodes;
+* refused input (a root user, a forbidden mount, an invalid stage config) is a failed
+  StageOutcome (failure ``config``/``input``, exit code 2) before any container is created;
 * its log lines streamed to ``log`` (the Prefect task log) as they come;
 * always removed afterwards; a non-zero exit, an OOM kill, a timeout, a missing image or an image
   lacking a dependency is a failed StageOutcome with that reason, never an exception.
@@ -23,17 +27,24 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import tempfile
+import socket
 import threading
 import time
 from pathlib import Path
 from typing import Callable
 
-from day0.plugins import is_file_plugin
+from day0 import lifecycle
+from day0.errors import ConfigError, Day0Error
+from day0.runners.docker_policy import (check_user, create_options, prepare, resolve_user,
+                                        with_weights)
 from day0.stage import StageOutcome, StageSpec
 from day0.targets import Target
 
 LABEL = "day0.stage"
+OWNER_LABEL, HOST_LABEL = "day0.owner", "day0.host"   # who started it: a dead owner's is removed
+WORKDIR_ENV = "DAY0_DOCKER_WORKDIR"
+# Only when a caller hands over a target without its time budget (the flow always fills it).
+DEFAULT_TIMEOUT_S = 1800.0
 MISSING_MODULE = re.compile(r"(ModuleNotFoundError|ImportError): (.*)")
 
 
@@ -64,48 +75,6 @@ def _mounts(paths: dict[str, bool]) -> list:
         if mount["Target"] not in by_target or not read_only:
             by_target[mount["Target"]] = mount
     return list(by_target.values())
-
-
-def _prepare(spec: StageSpec, log: Callable[[str], None]) -> tuple[StageSpec, dict[str, bool]]:
-    """Spec with absolute local paths, and the paths to mount read-only."""
-    from day0 import sources
-
-    inputs = spec.inputs
-    mounts: dict[str, bool] = {}
-    source = inputs.source
-    if sources.is_s3(source) and inputs.target.container.network == "none":
-        source = sources.local_checkpoint(source, log=log)  # the container has no network
-        mounts[str(sources.cache_root().resolve())] = True  # snapshot symlinks point into blobs/
-    elif not sources.is_s3(source):
-        source = str(Path(source).resolve())
-        mounts[source if Path(source).is_dir() else str(Path(source).parent)] = True
-    plugins = []
-    for plugin in inputs.target.plugins:
-        if is_file_plugin(plugin):
-            plugin = str(Path(plugin).resolve())
-            mounts[plugin] = True
-        plugins.append(plugin)
-    manifest = inputs.target.op_manifest
-    if manifest and Path(manifest).is_file():
-        manifest = str(Path(manifest).resolve())
-        mounts[manifest] = True
-    target = inputs.target.model_copy(update={"plugins": plugins, "op_manifest": manifest})
-    config = _with_files_mounted(spec.config, mounts)
-    return spec.model_copy(update={"config": config, "inputs": inputs.model_copy(
-        update={"source": source, "target": target})}), mounts
-
-
-def _with_files_mounted(value, mounts: dict[str, bool]):
-    """Stage config values naming an existing local file or folder (e.g. text_file) become
-    absolute paths, mounted read-only at the same place."""
-    if isinstance(value, dict):
-        return {k: _with_files_mounted(v, mounts) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_with_files_mounted(v, mounts) for v in value]
-    if isinstance(value, str) and value and "://" not in value and Path(value).exists():
-        value = str(Path(value).resolve())
-        mounts[value] = True
-    return value
 
 
 def _unreadable(source: str) -> str | None:
@@ -142,6 +111,27 @@ def _devices(devices: list[str]) -> list[str]:
     return out
 
 
+def owner_labels() -> dict[str, str]:
+    return {OWNER_LABEL: lifecycle.owner_token(), HOST_LABEL: socket.gethostname()}
+
+
+def remove_orphaned_containers(client=None) -> list[str]:
+    """Remove stage containers started on this host by a process that is dead (a SIGKILLed
+    validate runs no cleanup); returns their names. Other hosts' owners mean nothing here."""
+    import docker
+
+    client = client or docker.from_env(timeout=10)
+    removed = []
+    for container in client.containers.list(all=True, filters={
+            "label": [LABEL, OWNER_LABEL, f"{HOST_LABEL}={socket.gethostname()}"]}):
+        owner = container.labels.get(OWNER_LABEL, "")
+        if not re.fullmatch(r"[0-9]+-[0-9]+", owner) or lifecycle.alive(owner):
+            continue
+        container.remove(force=True)
+        removed.append(container.name)
+    return removed
+
+
 def image_id(image: str) -> str | None:
     """The local image's content id (part of the stage cache key), None when unavailable."""
     try:
@@ -167,6 +157,18 @@ def run_in_container(spec: StageSpec, target: Target, log: Callable[[str], None]
                             seconds=time.monotonic() - started, log_tail=list(tail)[-20:],
                             ran_in=f"docker:{settings.image}")
 
+    def refused(exc: Day0Error) -> StageOutcome:
+        kind = "config" if isinstance(exc, ConfigError) else "input"
+        log(f"[docker] refused before any container: {exc}")
+        return failed(kind, str(exc), exc.exit_code)
+
+    try:  # refused input is found before the engine is even asked
+        check_user(target)
+        spec, ro_paths = prepare(spec, target)
+    except Day0Error as exc:
+        return refused(exc)
+    except OSError as exc:  # e.g. a folder on the way that this user may not read
+        return failed("input", f"could not check the paths to mount: {exc}")
     try:
         client = client or docker.from_env()
         client.ping()
@@ -179,20 +181,29 @@ def run_in_container(spec: StageSpec, target: Target, log: Callable[[str], None]
         return failed("image", f"image '{settings.image}' of target '{target.name}' is not on this "
                       "machine: build it (make images) or `docker pull` it; day0 never pulls")
     try:
-        spec, ro_paths = _prepare(spec, log)
+        user = resolve_user(client, settings.image, target)
+    except Day0Error as exc:
+        return refused(exc)
+    except DockerException as exc:  # the image's /etc/passwd could not be read
+        return failed("error", f"could not resolve user '{settings.user}' in '{settings.image}': {exc}")
+    try:
+        spec = with_weights(spec, ro_paths, log)
+    except Day0Error as exc:
+        return refused(exc)
     except Exception as exc:  # e.g. the object store is unreachable: name it, do not crash
         return failed("input", f"could not prepare the weights for the container: {exc}")
     if unreadable := _unreadable(spec.inputs.source):
         return failed("input", f"{unreadable} is not readable by others, and the stage runs as "
-                      f"uid {settings.user} in its container: chmod -R a+rX {spec.inputs.source}")
-    workdir = Path(tempfile.mkdtemp(prefix=f"day0-{spec.stage}-", dir=os.environ.get("DAY0_DOCKER_WORKDIR")))
+                      f"uid {user} in its container: chmod -R a+rX {spec.inputs.source}")
+    # owner-named: if this process dies, the next validate start sweeps it (day0.lifecycle)
+    workdir = lifecycle.make_scratch(spec.stage, root=os.environ.get(WORKDIR_ENV))
     try:
-        return _run(client, spec, target, workdir, ro_paths, log, failed, started)
+        return _run(client, spec, target, user, workdir, ro_paths, log, failed, started)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _run(client, spec, target, workdir, ro_paths, log, failed, started) -> StageOutcome:
+def _run(client, spec, target, user, workdir, ro_paths, log, failed, started) -> StageOutcome:
     from docker.errors import APIError
     from requests.exceptions import ConnectionError, ReadTimeout
 
@@ -202,17 +213,19 @@ def _run(client, spec, target, workdir, ro_paths, log, failed, started) -> Stage
         path.chmod(0o777)  # the stage runs as a non-root uid that does not own the folder
     spec_file, result_file = workdir / "spec.json", workdir / "result.json"
     spec_file.write_text(spec.model_dump_json())
-    limit = f"{int(target.memory_limit_gib * 2**30)}b" if target.memory_limit_gib else None
+    hardening, memory_gib = create_options(client, target, log)
+    timeout_s = target.timeout_s or DEFAULT_TIMEOUT_S
     env = {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TMPDIR": str(workdir / "tmp"),
            "HF_HOME": str(workdir / "tmp" / "hf"), "HOME": str(workdir / "tmp"), **settings.env}
     try:
         container = client.containers.create(
             settings.image, command=["python", "-m", "day0.stage", str(spec_file), str(result_file)],
-            mounts=_mounts({**ro_paths, str(workdir): False}), user=settings.user,
-            network_mode=settings.network, environment=env, mem_limit=limit, memswap_limit=limit,
+            mounts=_mounts({**ro_paths, str(workdir): False}), user=user,
+            network_mode=settings.network, environment=env, **hardening,
             shm_size=settings.shm_size, device_requests=_device_requests(settings.gpus),
             devices=_devices(settings.devices) or None, working_dir=str(workdir),
-            labels={LABEL: spec.stage, "day0.target": target.name}, detach=True)
+            labels={LABEL: spec.stage, "day0.target": target.name, **owner_labels()},
+            detach=True)
     except APIError as exc:
         return failed("image", f"could not create a container of '{settings.image}': {exc.explanation or exc}")
     tail: list[str] = [f"[docker] container {container.short_id} of {settings.image}"]
@@ -222,7 +235,7 @@ def _run(client, spec, target, workdir, ro_paths, log, failed, started) -> Stage
         container.start()
         reader = threading.Thread(target=_pump, args=(container, tail, log), daemon=True)
         reader.start()
-        remaining = target.timeout_s - (time.monotonic() - started)
+        remaining = timeout_s - (time.monotonic() - started)
         try:
             code = container.wait(timeout=max(remaining, 1))["StatusCode"]
         except (ReadTimeout, ConnectionError):
@@ -242,12 +255,11 @@ def _run(client, spec, target, workdir, ro_paths, log, failed, started) -> Stage
             pass
     seconds = time.monotonic() - started
     if killed_for == "timeout":
-        return failed("timeout", f"stage '{spec.stage}' exceeded its timeout of {target.timeout_s:g} s "
+        return failed("timeout", f"stage '{spec.stage}' exceeded its timeout of {timeout_s:g} s "
                       f"in container {container.short_id} and was killed", code, tail)
     if oom:
         return failed("oom", f"stage '{spec.stage}' was OOM-killed by the kernel in its container "
-                      f"(memory limit {target.memory_limit_gib:g} GiB)" if target.memory_limit_gib else
-                      f"stage '{spec.stage}' was OOM-killed by the kernel in its container", code, tail)
+                      f"(memory limit {memory_gib:.3g} GiB)", code, tail)
     if result_file.is_file():
         outcome = StageOutcome.model_validate_json(result_file.read_text())
         if outcome.failure == "image":

@@ -38,7 +38,8 @@ def deployment(prefect_server) -> Deployment:
 def receiver_settings(tmp: Path, deployment: Deployment, **overrides):
     base = dict(port=free_port(), journal=str(tmp / "journal.sqlite"), deployment=deployment.name,
                 prefect_api_url=deployment.api_url, secrets=dict(SECRETS), submit=dict(FAST_SUBMIT),
-                sns_allowed_hosts=["127.0.0.1"], max_body_bytes=64 << 10)
+                sns_allowed_hosts=["127.0.0.1"], max_body_bytes=64 << 10,
+                release_sources=["s3://models"])
     return load_settings(None, **{**base, **overrides})
 
 

@@ -52,7 +52,7 @@ class Delivery:
 
 
 def make_deliveries(total: int, unique: int, secret: str, *, prefix: str = "load", seed: int = 0,
-                    max_body: int = 1 << 20, source: str = "/nonexistent/checkpoint",
+                    max_body: int = 1 << 20, source: str = "s3://models/nonexistent",
                     shares: dict[str, float] | None = None) -> list[Delivery]:
     """`unique` valid releases, each delivered at least once, padded to `total` with the mix."""
     rng = random.Random(seed)

@@ -126,7 +126,7 @@ def test_prefect_down_then_up_is_retried_without_restart(deployment, tmp_path):
     settings = receiver_settings(tmp_path, deployment, prefect_api_url=f"http://127.0.0.1:{port}/api")
     try:
         with ReceiverThread(settings) as receiver:
-            release = {"model": "down/m", "revision": "r1", "source": "s3://b/down/m"}
+            release = {"model": "down/m", "revision": "r1", "source": "s3://models/down/m"}
             assert post_release(receiver.url, release).status_code == 202
             journal = Journal(settings.journal)
             failed_twice = wait_until(lambda: (journal.releases()[0]["attempts"] >= 2), timeout_s=30)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+from urllib.parse import quote_plus
 
 import pytest
 
@@ -184,3 +185,65 @@ def test_malformed_json_is_400(raw):
     with pytest.raises(BadRequest) as err:
         parse_json(raw)
     assert err.value.status == 400
+
+
+@pytest.mark.parametrize("key", [
+    "models/../../etc/config.json", "org/./m/config.json", "org//m/config.json",
+    "/abs/config.json", "org/m\n2026-01-01 INFO forged/config.json", "org/m\x00/config.json",
+    "org\\..\\m/config.json", "org/\u202em/config.json"])
+def test_unsafe_object_keys_are_422_in_every_shape(key):
+    bodies = [
+        {"Records": [s3_record("models", quote_plus(key))]},
+        {"detail-type": "Object Created", "source": "aws.s3",
+         "detail": {"bucket": {"name": "models"}, "object": {"key": key}}},
+    ]
+    for body in bodies:
+        with pytest.raises(BadRequest) as err:
+            parse_s3(body)
+        assert err.value.status == 422 and "object key" in err.value.reason
+        assert "\n" not in err.value.reason  # the reason is shown and logged: one line
+    with pytest.raises(BadRequest) as err:
+        parse_seaweedfs(filer_event(f"/buckets/models/{key}"), "/buckets")
+    assert err.value.status == 422
+
+
+def test_folder_markers_are_ignored_not_refused():
+    assert parse_s3({"Records": [s3_record("models", "org/m1/")]}).ignored == "no ObjectCreated records"
+
+
+@pytest.mark.parametrize("name", ["acme/../../etc", "../x", "acme/x\ny", "/acme/x"])
+def test_unsafe_model_and_repo_names_are_422(name):
+    with pytest.raises(BadRequest) as err:
+        parse_release({"model": name, "revision": "r1", "source": "s3://models/m"})
+    assert err.value.status == 422 and "model" in err.value.reason
+    hub = {**hub_payload(), "repo": {"type": "model", "name": name, "headSha": "a" * 40}}
+    with pytest.raises(BadRequest) as err:
+        parse_hf(hub, ["main"], ["model"], "s3://mirror/{repo}/{revision}")
+    assert err.value.status == 422 and "repo" in err.value.reason
+
+
+@pytest.mark.parametrize("source,why", [
+    ("/etc", "not under release_sources"),
+    ("file:///etc/passwd", "s3://BUCKET/PREFIX or an absolute folder"),
+    ("http://169.254.169.254/latest/meta-data", "s3://BUCKET/PREFIX or an absolute folder"),
+    ("s3://models/../secrets", "'..' segment"),
+    ("s3://other-bucket/m", "not under release_sources"),
+    ("s3://models-evil/m", "not under release_sources"),  # a prefix of the name is not the bucket
+    ("//host/share", "absolute folder"),
+])
+def test_release_sources_are_restricted(source, why):
+    allowed = ["s3://models", "/srv/checkpoints"]
+    with pytest.raises(BadRequest) as err:
+        parse_release({"model": "m", "revision": "r", "source": source}, allowed)
+    assert err.value.status == 422 and why in err.value.reason
+    for ok in ("s3://models", "s3://models/acme/m1", "/srv/checkpoints/acme"):
+        assert parse_release({"model": "m", "revision": "r", "source": ok}, allowed).source == ok
+    assert parse_release({"model": "m", "revision": "r", "source": "s3://any/x"}, ["s3://*"])
+
+
+def test_json_key_bound_is_checked_before_parsing():
+    body = json.dumps({f"k{i}": 0 for i in range(50)}).encode()
+    assert parse_json(body, max_keys=50) == {f"k{i}": 0 for i in range(50)}
+    with pytest.raises(BadRequest) as err:
+        parse_json(body, max_keys=49)
+    assert err.value.status == 413 and "more than 49 keys" in err.value.reason

@@ -45,6 +45,12 @@ def test_missing_env_secret_names_field(tmp_path, monkeypatch):
     ("max_body_bytes: 0\n", "greater than 0"),
     ("secrets: {token: x}\n", "unknown field 'token'"),
     ("targets: []\n", "at least 1"),
+    ("flow_parameters: {trust_remote_code: true}\n", "flow_parameters.*set per source"),
+    ("trust_remote_code: ['s3://models/../x']\n", "trust_remote_code.*'\\.\\.' segment"),
+    ("release_sources: ['http://169.254.169.254/']\n", "release_sources.*s3://BUCKET/PREFIX"),
+    ("hub: {source: 'file:///mirror/{repo}'}\n", "hub.source.*absolute folder"),
+    ("limits: {header_timeout_s: 0}\n", "limits.header_timeout_s.*greater than 0"),
+    ("checks: {timeout: 3}\n", "checks.*unknown field 'timeout'"),
 ])
 def test_bad_settings(tmp_path, text, why):
     cfg = tmp_path / "r.yaml"
@@ -70,3 +76,5 @@ def test_shipped_deploy_config_loads(monkeypatch):
         monkeypatch.setenv(var, "x")
     settings = load_settings(Path(__file__).resolve().parents[2] / "deploy" / "receiver.yaml")
     assert settings.deployment == "validate/day0" and settings.hub.source.startswith("s3://")
+    assert settings.release_sources == ["s3://models", "s3://hub-mirror"]
+    assert settings.limits.header_timeout_s == 10 and settings.checks.timeout_s == 30

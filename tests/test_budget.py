@@ -1,0 +1,150 @@
+"""Stage budgets: derived from the model's size by default, explicit target limits win, and a
+stage over its budget is killed with a reason that names the budget (verdict ERROR)."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from day0 import budget
+from day0.contract import StageInputs
+from day0.stage import STAGES, StageSpec, run_stage
+from day0.targets import resolve_target
+from tests.conftest import MODELS
+
+SMOLLM2 = 134_515_008  # SmolLM2-135M's params.total
+
+
+def cpu_bf16(**update):
+    return resolve_target("cpu-bf16").model_copy(update=update)
+
+
+def tiny_factors(tmp_path, fixed_gib=0.01, fixed_s=600):
+    """budgets.yaml with allowances far below what a Python+torch process needs."""
+    data = yaml.safe_load(budget.BUDGETS_FILE.read_text())
+    for stage in data["stages"].values():
+        stage.update(fixed_gib=fixed_gib, fixed_s=fixed_s, activation_factor=1.0)
+    path = tmp_path / "budgets.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_every_stage_has_factors():
+    assert set(budget.load_factors().stages) == set(STAGES)
+
+
+def test_derived_default_follows_size_and_dtypes():
+    factors = budget.load_factors()
+    f = factors.stages["alignment"]
+    got = budget.derive("alignment", cpu_bf16(), SMOLLM2)
+    # reference float32 (4 B) + control and target bfloat16 (2 B each)
+    expected = SMOLLM2 * (4 + 2 + 2) * f.activation_factor / 2**30 + f.fixed_gib
+    assert got.memory_gib == pytest.approx(expected, abs=0.01)
+    assert got.timeout_s == pytest.approx(f.fixed_s + f.seconds_per_billion_params * SMOLLM2 / 1e9, abs=1)
+    assert not got.memory_explicit and not got.timeout_explicit
+    assert got.memory_basis == "derived from 134.5M parameters"
+    # bigger models, wider dtypes: more of both
+    fp32 = budget.derive("alignment", cpu_bf16(dtype="float32"), SMOLLM2)
+    assert fp32.memory_gib > got.memory_gib
+    assert budget.derive("alignment", cpu_bf16(), 10 * SMOLLM2).timeout_s > got.timeout_s
+    # nothing counted yet (the analysis stage itself): the fixed allowance
+    first = budget.derive("analysis", cpu_bf16(), None)
+    assert first.memory_gib == factors.stages["analysis"].fixed_gib and first.params is None
+
+
+def test_huge_model_is_capped_at_the_host():
+    got = budget.derive("alignment", cpu_bf16(), 671_000_000_000)
+    assert got.memory_gib <= budget.host_memory_gib() * budget.load_factors().host_memory_fraction
+    assert "capped at 80% of this host's memory" in got.memory_basis
+
+
+def test_explicit_target_limits_win(tmp_path):
+    tfile = tmp_path / "t.yaml"
+    tfile.write_text(yaml.safe_dump({"name": "npu-x", "device": "cpu", "dtype": "bfloat16",
+                                     "memory_limit_gib": 64, "timeout_s": 7200}))
+    target = resolve_target(file=str(tfile))
+    got = budget.derive("alignment", target, SMOLLM2)
+    assert (got.memory_gib, got.timeout_s) == (64, 7200)
+    assert got.memory_explicit and got.timeout_explicit
+    assert got.memory_basis == "memory_limit_gib of target npu-x"
+    only_time = budget.derive("alignment", cpu_bf16(timeout_s=60), SMOLLM2)
+    assert only_time.timeout_s == 60 and not only_time.memory_explicit
+    assert resolve_target("cpu-bf16").timeout_s is None  # built-ins leave both to the budget
+
+
+def test_exceeding_a_derived_budget_is_an_oom_error_naming_it(tmp_path, monkeypatch):
+    monkeypatch.setenv(budget.BUDGETS_ENV, str(tiny_factors(tmp_path)))
+    spec = StageSpec(stage="alignment", inputs=StageInputs(
+        source=str(MODELS / "tiny-llama"), target=cpu_bf16(),
+        upstream={"analysis": {"params": {"total": 1_345_000}}}))
+    outcome = run_stage(spec)
+    assert not outcome.ok and outcome.failure == "oom"
+    assert outcome.error.startswith("stage alignment exceeded its memory budget of ")
+    assert ("GiB derived from 1.3M parameters; set memory_limit_gib in the target file to "
+            "raise it") in outcome.error
+    assert outcome.budget.params == 1_345_000 and outcome.seconds < 60
+
+
+def test_exceeding_a_derived_time_budget_names_it(tmp_path, monkeypatch):
+    monkeypatch.setenv(budget.BUDGETS_ENV, str(tiny_factors(tmp_path, fixed_gib=8, fixed_s=0.5)))
+    spec = StageSpec(stage="analysis", inputs=StageInputs(source=str(MODELS / "tiny-llama"),
+                                                          target=cpu_bf16()))
+    outcome = run_stage(spec)
+    assert outcome.failure == "timeout"
+    assert "exceeded its time budget of 0.5 s" in outcome.error
+    assert "set timeout_s in the target file to raise it" in outcome.error
+
+
+@pytest.mark.integration
+def test_over_budget_stage_gives_error_verdict_with_the_reason(prefect_server, tmp_path,
+                                                                monkeypatch):
+    """In the flow the budget comes from analysis' parameter count; over it = ERROR, and the
+    report shows every stage's budget."""
+    from flows.validate import validate
+
+    factors = yaml.safe_load(budget.BUDGETS_FILE.read_text())
+    factors["stages"]["alignment"].update(fixed_gib=0.01, activation_factor=1.0)
+    path = tmp_path / "budgets.yaml"
+    path.write_text(yaml.safe_dump(factors))
+    monkeypatch.setenv(budget.BUDGETS_ENV, str(path))
+    tfile = tmp_path / "t.yaml"
+    tfile.write_text(yaml.safe_dump({"name": "cpu-bf16-budget", "device": "cpu",
+                                     "dtype": "bfloat16"}))
+    report = validate(source=str(MODELS / "tiny-llama"), target_file=str(tfile), use_cache=False)
+    assert report["verdict"] == "ERROR"
+    alignment = report["stages"]["alignment"]
+    assert alignment["failure"] == "oom"
+    params = report["model"]["params"]["total"]
+    assert f"derived from {budget.format_params(params)} parameters" in alignment["error"]
+    assert any("exceeded its memory budget" in e for e in report["errors"])
+    assert alignment["budget"]["memory_gib"] < 0.1
+    assert report["stages"]["analysis"]["budget"]["params"] is None
+    assert report["stages"]["scan"]["budget"]["params"] == params
+
+
+def test_alignment_budget_covers_the_context_of_a_real_model():
+    """SmolLM2-135M at default settings peaked at 5.3 GiB in its alignment stage
+    (`/usr/bin/time -v day0 validate SMOLLM2 --target-file T` with memory_limit_gib 20); a budget
+    from the parameter count alone (4.5 GiB) killed that correct stack."""
+    shape = budget.ModelShape(num_layers=30, hidden_size=576, vocab_size=49152, max_context=8192)
+    got = budget.derive("alignment", cpu_bf16(), SMOLLM2, shape=shape)
+    assert got.memory_gib >= 1.5 * 5.3 and "for its context" in got.memory_basis
+    shorter = budget.derive("alignment", cpu_bf16(), SMOLLM2, shape=shape.model_copy(
+        update={"max_context": 2048}))
+    assert got.memory_gib > shorter.memory_gib > budget.derive("alignment", cpu_bf16(), SMOLLM2).memory_gib
+    # the scan and analysis do not hold the context
+    assert budget.derive("scan", cpu_bf16(), SMOLLM2, shape=shape).memory_gib == \
+        budget.derive("scan", cpu_bf16(), SMOLLM2).memory_gib
+    analysis = {"analysis": {"num_layers": 30, "hidden_size": 576, "vocab_size": 49152,
+                             "max_context": 8192, "params": {"total": SMOLLM2}}}
+    assert budget.shape_of(analysis) == shape and budget.shape_of({}) is None
+
+
+def test_stage_config_context_settings_move_the_budget():
+    shape = budget.ModelShape(num_layers=30, hidden_size=576, vocab_size=49152, max_context=8192)
+    default = budget.derive("alignment", cpu_bf16(), SMOLLM2, shape=shape)
+    longer = budget.derive("alignment", cpu_bf16(), SMOLLM2, shape=shape,
+                           stage_config={"seq_len": 32768})
+    smaller_chunks = budget.derive("alignment", cpu_bf16(), SMOLLM2, shape=shape,
+                                   stage_config={"chunk_tokens": 256})
+    assert longer.memory_gib > default.memory_gib > smaller_chunks.memory_gib
