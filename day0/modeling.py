@@ -8,6 +8,7 @@ Uses transformers' own model classes. An unknown ``model_type`` falls back to ``
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import warnings
 from dataclasses import dataclass, field
@@ -220,12 +221,11 @@ def load_pretrained(source: str | Path, *, device: str = "cpu", dtype: str = "fl
 
     check_loader_files(source)
     check_source(str(source))  # config.json within limits and within the weights' size
-    resolved = resolve_config(read_config_dict(source), trust_remote_code=trust_remote_code,
-                              file=str(config_path(source)))
+    raw, file = read_config_dict(source), str(config_path(source))
+    resolved = resolve_config(copy.deepcopy(raw), trust_remote_code=trust_remote_code, file=file)
     # construction errors of the config as input errors before any memory is used (on a copy:
     # building sets implementation fields on the config it is given)
-    build_meta_model(resolve_config(read_config_dict(source), trust_remote_code=trust_remote_code,
-                                    file=str(config_path(source))))
+    build_meta_model(resolve_config(raw, trust_remote_code=trust_remote_code, file=file))
     with quiet_transformers():
         model = resolved.model_class.from_pretrained(
             str(source), config=resolved.config, dtype=getattr(torch, dtype),

@@ -101,7 +101,8 @@ def client_settings() -> dict:
 
 def s3_client(**overrides):
     """A boto3 S3 client from the AWS settings plus DAY0_S3_* overrides (cached per settings);
-    keyword overrides that are not None (endpoint, region, access_key, secret_key) win."""
+    keyword overrides that are not None (endpoint, region, access_key, secret_key,
+    connect_timeout, read_timeout, max_attempts) win."""
     settings = client_settings()
     settings.update({k: v for k, v in overrides.items() if v is not None})
     if overrides.get("endpoint") and not os.environ.get("DAY0_S3_ADDRESSING"):
@@ -118,8 +119,11 @@ def _client(settings: tuple):
     s = dict(settings)
     session = boto3.session.Session()
     region = s["region"] or session.region_name or "us-east-1"
-    config = Config(connect_timeout=s["connect_timeout"], read_timeout=30,
-                    retries={"max_attempts": 3, "mode": "standard"},
+    # a caller that must fail fast (the receiver's store checks) bounds reads and attempts
+    retries = ({"total_max_attempts": s["max_attempts"]} if s.get("max_attempts") else
+               {"max_attempts": 3})
+    config = Config(connect_timeout=s["connect_timeout"], read_timeout=s.get("read_timeout") or 30,
+                    retries={**retries, "mode": "standard"},
                     s3={"addressing_style": s["addressing"]} if s["addressing"] else None,
                     signature_version=UNSIGNED if s["anonymous"] else None,
                     max_pool_connections=max(10, PREFETCH_THREADS * 2))

@@ -58,38 +58,18 @@ class CheckResult:
 
 
 def make_client(cfg: S3Settings):
-    """An S3 client like day0.storage's (DAY0_S3_*, AWS settings, the receiver's s3: on top) but
-    with the receiver's short timeouts: a store that never answers must fail a check in
-    seconds, not in the minutes a validation run may wait for a download."""
-    import boto3
-    from botocore.config import Config
-
-    from day0.storage import client_settings
+    """day0.storage's S3 client (DAY0_S3_*, AWS settings, the receiver's s3: on top) with the
+    receiver's short timeouts: a store that never answers must fail a check in seconds, not in
+    the minutes a validation run may wait for a download."""
+    from day0.storage import s3_client
 
     def value(secret):
         return secret.get_secret_value() if secret is not None else None
 
-    s = client_settings()
-    given = {"endpoint": cfg.endpoint_url, "region": cfg.region,
-             "access_key": value(cfg.access_key_id), "secret_key": value(cfg.secret_access_key)}
-    s.update({k: v for k, v in given.items() if v is not None})
-    if cfg.endpoint_url and not s.get("addressing"):
-        s["addressing"] = "path"  # MinIO/Ceph/SeaweedFS by host name, as day0.storage does
-    session = boto3.session.Session()
-    config = Config(connect_timeout=cfg.request_timeout_s, read_timeout=cfg.request_timeout_s,
-                    retries={"total_max_attempts": cfg.max_attempts, "mode": "standard"},
-                    s3={"addressing_style": s["addressing"]} if s.get("addressing") else None,
-                    max_pool_connections=32)
-    if s.get("anonymous"):
-        from botocore import UNSIGNED
-
-        config = config.merge(Config(signature_version=UNSIGNED))
-    keys = {}
-    if s.get("access_key") or s.get("secret_key"):
-        keys = {"aws_access_key_id": s["access_key"], "aws_secret_access_key": s["secret_key"]}
-    return session.client("s3", endpoint_url=s.get("endpoint"),
-                          region_name=s.get("region") or session.region_name or "us-east-1",
-                          config=config, **keys)
+    return s3_client(endpoint=cfg.endpoint_url, region=cfg.region,
+                     access_key=value(cfg.access_key_id), secret_key=value(cfg.secret_access_key),
+                     connect_timeout=cfg.request_timeout_s, read_timeout=cfg.request_timeout_s,
+                     max_attempts=cfg.max_attempts)
 
 
 def model_of(bucket: str, prefix: str) -> str:
