@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 
 DAY0_IMAGE  ?= day0:local
 
-.PHONY: demo test install fixtures bench clean docker-engine images image
+.PHONY: demo test lint install fixtures bench clean docker-engine images image
 
 install: $(STAMP)
 
@@ -29,9 +29,15 @@ demo: $(STAMP)
 	    --text tests/fixtures/text/heldout.txt --out out/demo/$$m; \
 	done
 
-# `make test` sets up Docker and builds the images itself: the tests marked `docker` always run.
-test: images
+# `make test` checks the layer contracts first (seconds; fails fast), then sets up Docker and
+# builds the images itself: the tests marked `docker` always run.
+test: lint images
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# import-linter contracts in pyproject.toml: engine/Prefect adapter, stage independence, a
+# torch-free receiver, no import cycles (tests/test_layers.py shows each one failing)
+lint: $(STAMP)
+	$(VENV)/bin/lint-imports --no-cache --no-logo
 
 # A Docker engine (installs/starts Debian's dockerd when none answers) + the compose v2 plugin.
 docker-engine: $(STAMP)

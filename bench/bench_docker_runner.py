@@ -30,15 +30,16 @@ TEXT = ROOT / "tests" / "fixtures" / "text" / "heldout.txt"
 
 
 def specs(process: Target, docker: Target) -> list[tuple[str, StageSpec, StageSpec]]:
-    """Analysis first (its result is the others' upstream), then scan and alignment."""
+    """Analysis first (its facts size the others' budgets), then scan and alignment."""
+    from day0 import stages
+
     out = []
-    analysis = None
+    facts: dict = {}
     for stage, config in (("analysis", {}), ("scan", {}), ("alignment", {"text_file": str(TEXT)})):
-        upstream = {"analysis": analysis} if analysis else {}
-        pair = [StageSpec(stage=stage, config=config, inputs=StageInputs(
-            source=str(MODEL), target=t, upstream=upstream)) for t in (process, docker)]
+        pair = [StageSpec(stage=stage, config=config, facts=facts, inputs=StageInputs(
+            source=str(MODEL), target=t)) for t in (process, docker)]
         if stage == "analysis":
-            analysis = run_on_target(pair[0], process).result
+            facts = stages.get("analysis").facts(run_on_target(pair[0], process).result)
         out.append((stage, *pair))
     return out
 

@@ -1,8 +1,8 @@
 """Calibrate the alignment gates: correct software stacks must PASS, injected faults must FAIL.
 
-For each model, every case runs the alignment stage (day0.alignment.run) at default settings and
+For each model, every case runs the alignment stage (day0.stages.alignment.run) at default settings and
 judges the alignment gates of gates.yaml with the target's claim. Reference and control are
-computed once per text (day0.alignment.Memo) and shared by all cases on that text.
+computed once per text (day0.stages.alignment.Memo) and shared by all cases on that text.
 
 * stacks (must PASS): bf16 and fp16 eager, torch.compile bf16 and fp32, bf16 on one thread,
   int8 weights under an `int8` claim; repeated on --repeats different texts (repeat 0: day0's
@@ -96,7 +96,7 @@ def judge(result, target, gates_file):
 
 
 def run_case(source, text, memo, name, dtype, plugins, claim, gates_file):
-    from day0.alignment import Config, run
+    from day0.stages.alignment import Config, run
     from day0.contract import StageInputs
     from day0.targets import Target
 
@@ -145,7 +145,7 @@ def row(kind, name, text_name, verdict, gates, seconds, expected=None) -> dict:
 
 def calibrate(source: Path, repeats: int, moe: bool, gates_file, fault_filter=None,
               first_text: Path | None = None) -> list[dict]:
-    from day0.alignment import Memo
+    from day0.stages.alignment import Memo
 
     rows = []
     for i, (text_name, text) in enumerate(texts(repeats, first_text)):

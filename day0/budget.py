@@ -127,10 +127,9 @@ class ModelShape(BaseModel):
     max_context: int = Field(0, ge=0, description="Trained context, positions.")
 
 
-def shape_of(upstream: dict) -> ModelShape | None:
-    """The model's dimensions from the analysis result among a spec's upstream results, if any."""
-    analysis = upstream.get("analysis") or {}
-    values = {k: analysis.get(k) for k in ModelShape.model_fields}
+def shape_of(facts: dict) -> ModelShape | None:
+    """The model's dimensions from the model facts earlier stages found (StageSpec.facts)."""
+    values = {k: facts.get(k) for k in ModelShape.model_fields}
     if not all(isinstance(v, int) and v >= 0 for v in values.values()):
         return None
     return ModelShape(**values)
@@ -153,9 +152,9 @@ def _positive(value) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
-def params_of(upstream: dict) -> int | None:
-    """params.total from the analysis result among a spec's upstream results, if any."""
-    total = ((upstream.get("analysis") or {}).get("params") or {}).get("total")
+def params_of(facts: dict) -> int | None:
+    """params.total from the model facts earlier stages found (StageSpec.facts), if any."""
+    total = (facts.get("params") or {}).get("total")
     return int(total) if isinstance(total, (int, float)) and total > 0 else None
 
 
@@ -201,10 +200,10 @@ def derive(stage: str, target: Target, params: int | None, *, reference: Target 
 
 
 def for_spec(spec, **explicit) -> StageBudget:
-    """derive() for a StageSpec: its stage, target, reference and upstream analysis."""
+    """derive() for a StageSpec: its stage, target, reference and the model facts it carries."""
     inputs = spec.inputs
-    return derive(spec.stage, inputs.target, params_of(inputs.upstream),
-                  reference=inputs.reference, shape=shape_of(inputs.upstream),
+    return derive(spec.stage, inputs.target, params_of(spec.facts),
+                  reference=inputs.reference, shape=shape_of(spec.facts),
                   stage_config=spec.config, **explicit)
 
 

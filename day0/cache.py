@@ -1,60 +1,27 @@
-"""Stage result cache keyed by (weights digest, target, stage config, revision, code version).
+"""Stage result cache keyed by what a stage reads: weights, target, its config, revision, code.
 
 A repeated validation with nothing changed reuses every stage's outcome. Any change to the
 checkpoint's files (their content, hashed on every run), the target profile (plugins' source
-included), the stage config, the upstream results, the revision or day0's own code or data gives
-a new key. Only successful outcomes are stored.
+included), the stage config, the keys of the stages it REQUIRES (never their results, which
+carry timings), the revision or the stage's code (day0's own code and data, and a plug-in
+stage's package) gives a new key. A stage that does not read another's result is not keyed by
+it: re-running analysis does not invalidate scan. Only successful outcomes are stored.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 from functools import lru_cache
 from pathlib import Path
 
 from day0.atomic import write_atomic
+# the checkpoint's names and digests are day0.identity's; imported here for the stage keys
+from day0.identity import cache_dir, weights_key
+from day0.identity import file_digest as _file_digest
 from day0.stage import StageOutcome, StageSpec
 
 PACKAGE = Path(__file__).parent
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("DAY0_CACHE_DIR") or Path.home() / ".cache" / "day0"
-    return Path(root)
-
-
-def _file_digest(path: Path) -> str:
-    """xxh3-128 of the file's full bytes, computed every time: an in-place edit that restores the
-    mtime cannot reuse stale results (a (path, size, mtime) memo could). Read into one reused
-    buffer; not mmap, whose pages raise SIGBUS, killing the flow, if the file shrinks meanwhile.
-    bench/bench_digest.py measures it: the disk is the limit."""
-    import xxhash
-
-    h = xxhash.xxh3_128()
-    buf = bytearray(1 << 24)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as fh:
-        while n := fh.readinto(buf):
-            h.update(view[:n])
-    return f"xxh3_128:{h.hexdigest()}"
-
-
-def weights_digest(source: str) -> str:
-    """Digest of the content of every file of a checkpoint folder (or of a lone config.json);
-    for s3:// the objects' names, ETags and sizes from one listing (nothing downloaded)."""
-    if str(source).startswith("s3://"):
-        from day0.sources import weights_digest as s3_digest
-
-        return s3_digest(source)
-    path = Path(source)
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    h = hashlib.sha256()
-    for f in files:
-        rel = f.relative_to(path) if path.is_dir() else f.name
-        h.update(f"{rel}:{_file_digest(f)}\n".encode())
-    return h.hexdigest()
 
 
 @lru_cache(maxsize=1)
@@ -76,29 +43,35 @@ def _plugin_sources(plugins: list[str]) -> list[str]:
     return out
 
 
-def weights_key(source: str) -> str:
-    """The weights part of a stage key: computed once per validation, shared by its stages."""
-    if str(source).startswith("s3://"):
-        from day0.errors import Day0Error
+def _stage_code(spec: StageSpec) -> str | None:
+    """Digest of a plug-in stage's own package (day0's built-ins are in code_version)."""
+    if not spec.locator or spec.locator.split(".")[0] == "day0":
+        return None
+    from day0 import stages
 
-        try:
-            return weights_digest(source)
-        except Day0Error:  # store unreachable now: never reuse a result; the stage reports why
-            return f"unlisted:{os.urandom(16).hex()}"
-    return weights_digest(source) if Path(source).exists() else source
+    origin = getattr(stages.get(spec.stage, spec.locator).module, "__file__", None)
+    if not origin:
+        return spec.locator
+    folder = Path(origin).parent if Path(origin).name == "__init__.py" else None
+    files = sorted(folder.rglob("*.py")) if folder else [Path(origin)]
+    return hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
 
 
-def stage_key(spec: StageSpec, weights: str | None = None) -> str:
-    """weights: weights_key(source) when the caller already has it (one LIST per run on s3)."""
+def stage_key(spec: StageSpec, weights: str | None = None,
+              required: dict[str, str] | None = None) -> str:
+    """weights: weights_key(source) when the caller already has it (one LIST per run on s3);
+    required: the cache keys of the stages this one REQUIRES (whose results it reads)."""
     inputs = spec.inputs
     material = {
         "stage": spec.stage,
+        "locator": spec.locator,
+        "stage_code": _stage_code(spec),
         "config": spec.config,
         "weights": weights or weights_key(inputs.source),
         "target": inputs.target.model_dump(mode="json"),
         "plugins": _plugin_sources(inputs.target.plugins),
         "reference": inputs.reference.model_dump(mode="json"),
-        "upstream": inputs.upstream,
+        "required": dict(sorted((required or {}).items())),
         "trust_remote_code": inputs.trust_remote_code,
         # the alignment stage compares with (and stores) the score of this model and revision:
         # a result cached under another revision never did that for this one

@@ -5,9 +5,11 @@ A safetensors file is an 8-byte little-endian header length N, N bytes of JSON h
 gives every tensor's name, dtype, shape and position, so a 1 TB checkpoint is checked by reading
 a few megabytes (``Checkpoint.bytes_read`` counts every byte read).
 
-Files are reached through a tiny :class:`Reader` (``names``/``size``/``read_range``);
-``open_reader(source)`` picks the implementation: a local folder, or an s3:// prefix read with
-ranged GETs (day0.storage.S3Reader).
+Files are reached through a tiny Reader (``names``/``size``/``read_range``); ``open_reader``
+picks the implementation: a local folder, or an s3:// prefix read with ranged GETs
+(day0.storage.S3Reader). Readers, config.json and the result types live in day0.checkpoint_io,
+the header parser in day0.safetensors_header (shared with the release receiver); both are
+re-exported here.
 
 Every problem found is collected and raised together as one :class:`CheckpointError`:
 truncated shards, bad header lengths or offsets, non-JSON headers, index/shard disagreements,
@@ -21,183 +23,16 @@ Things that load but deserve a look (extra tensors such as MTP layers, dtype sur
 from __future__ import annotations
 
 import json
-import math
-import struct
-from collections import Counter, defaultdict
-from dataclasses import dataclass, field
-from functools import lru_cache
+from collections import defaultdict
 from pathlib import Path
-from typing import Protocol
 
-import yaml
-
+from day0 import limits
+from day0.checkpoint_io import (Checkpoint, CountingReader, LocalReader, Note, Reader,
+                                check_loader_files, data, open_reader, parse_config_json,
+                                risk_text, single_file_problems)
+from day0.checkpoint_match import check_dtypes, match_model
 from day0.errors import CheckpointError, InputError, Problem
-from day0.limits import size_problems, stored_bytes
-
-DATA_FILE = Path(__file__).parent / "data" / "analysis.yaml"
-REDOWNLOAD = "re-download or re-export this shard"
-
-
-@lru_cache(maxsize=1)
-def data() -> dict:
-    """day0/data/analysis.yaml (dtype sizes, name patterns, risk texts)."""
-    return yaml.safe_load(DATA_FILE.read_text(encoding="utf-8"))
-
-
-def risk_text(risk_id: str, **fields) -> tuple[str, str]:
-    """(severity, message) of a risk from the YAML checklist, filled with fields."""
-    spec = data()["risks"][risk_id]
-    return spec["severity"], spec["message"].format(**fields)
-
-
-# --------------------------------------------------------------------------- readers
-
-class Reader(Protocol):
-    """File access behind the checks: a flat set of named files with ranged reads."""
-
-    def names(self) -> list[str]: ...
-    def size(self, name: str) -> int: ...
-    def read_range(self, name: str, start: int, length: int) -> bytes: ...
-    def location(self, name: str) -> str: ...
-
-
-class LocalReader:
-    """A local checkpoint folder, or a lone config.json file (which means: no weights)."""
-
-    def __init__(self, path: str | Path):
-        path = Path(path)
-        if path.is_dir():
-            self._files = {p.name: p for p in path.iterdir() if p.is_file()}
-        elif path.is_file():
-            self._files = {data()["files"]["config"]: path}
-        else:
-            raise InputError("no such file or folder", file=str(path),
-                             fix="pass a checkpoint folder or a config.json")
-        self.path = path
-
-    def names(self) -> list[str]:
-        return sorted(self._files)
-
-    def size(self, name: str) -> int:
-        return self._files[name].stat().st_size
-
-    def read_range(self, name: str, start: int, length: int) -> bytes:
-        with open(self._files[name], "rb") as fh:
-            fh.seek(start)
-            return fh.read(length)
-
-    def location(self, name: str) -> str:
-        return str(self._files.get(name, self.path / name))
-
-
-class CountingReader:
-    """Wraps any Reader and counts the bytes it returned (the benchmark's numerator)."""
-
-    def __init__(self, inner: Reader):
-        self.inner = inner
-        self.bytes_read = 0
-
-    def names(self) -> list[str]:
-        return self.inner.names()
-
-    def size(self, name: str) -> int:
-        return self.inner.size(name)
-
-    def read_range(self, name: str, start: int, length: int) -> bytes:
-        chunk = self.inner.read_range(name, start, length)
-        self.bytes_read += len(chunk)
-        return chunk
-
-    def location(self, name: str) -> str:
-        return self.inner.location(name)
-
-
-def open_reader(source: str | Path) -> Reader:
-    """The Reader for a source: a local folder or config.json, or an s3:// prefix."""
-    if str(source).startswith("s3://"):
-        from day0.storage import S3Reader
-
-        return S3Reader(str(source))
-    if str(source).startswith(("gs://", "http://", "https://")):
-        raise InputError("only local paths and s3:// URIs are supported", file=str(source),
-                         fix="copy the checkpoint to an S3-compatible bucket or a local folder")
-    return LocalReader(source)
-
-
-# --------------------------------------------------------------------------- results
-
-@dataclass(frozen=True)
-class TensorInfo:
-    """One tensor as its safetensors header describes it."""
-
-    name: str
-    file: str
-    dtype: str
-    shape: tuple[int, ...]
-    data_offsets: tuple[int, int]
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return self.data_offsets[1] - self.data_offsets[0]
-
-
-@dataclass(frozen=True)
-class Note:
-    """Something that loads but deserves a look; becomes a risk in the analysis."""
-
-    id: str
-    severity: str
-    message: str
-    file: str | None = None
-    tensor: str | None = None
-
-
-@dataclass
-class Checkpoint:
-    """config.json + every tensor header of a checkpoint, and how much was read to get them."""
-
-    source: str
-    config: dict
-    config_file: str
-    tensors: dict[str, TensorInfo] = field(default_factory=dict)
-    files: dict[str, int] = field(default_factory=dict)  # file name -> size in bytes
-    locations: dict[str, str] = field(default_factory=dict)  # file name -> path/URL for messages
-    index_file: str | None = None
-    bytes_read: int = 0
-    notes: list[Note] = field(default_factory=list)
-    # tensor name -> "model" (loaded into a parameter), "buffer" (persistent buffer),
-    # "quant" (quantization scales etc.) or "extra" (not used by transformers' class)
-    roles: dict[str, str] = field(default_factory=dict)
-    model_class: str | None = None
-
-    def location(self, name: str | None) -> str | None:
-        return self.locations.get(name, name) if name else None
-
-    @property
-    def has_weights(self) -> bool:
-        return bool(self.tensors)
-
-    @property
-    def total_bytes(self) -> int:
-        """Size of every checkpoint file looked at (config, index, shards)."""
-        return sum(self.files.values())
-
-    def params(self, role: str = "model") -> int:
-        return sum(t.numel for n, t in self.tensors.items() if self.roles.get(n, "model") == role)
-
-    def summary(self) -> dict:
-        dtypes = Counter(t.dtype for t in self.tensors.values())
-        return {"has_weights": self.has_weights, "files": sorted(self.files),
-                "index_file": self.index_file, "tensors": len(self.tensors),
-                "dtypes": dict(sorted(dtypes.items())), "total_bytes": self.total_bytes,
-                "bytes_read": self.bytes_read,
-                "bytes_read_ratio": (self.bytes_read / self.total_bytes
-                                     if self.has_weights and self.total_bytes else None),
-                "notes": [n.message for n in self.notes]}
+from day0.safetensors_header import REDOWNLOAD, TensorInfo, max_header_bytes, read_header
 
 
 # --------------------------------------------------------------------------- reading
@@ -215,11 +50,9 @@ def read_checkpoint(source: str | Path | Reader, *, model=None, check_config: bo
     ckpt = Checkpoint(source=str(getattr(reader.inner, "path", source)), config=config,
                       config_file=config_file)
     _add_file(reader, ckpt, data()["files"]["config"])
-    from day0.checkpoint_match import check_dtypes, match_model  # it builds on this module
-
     problems: list[Problem] = []
     shards_ok = _read_weights(reader, ckpt, problems)
-    inflated = size_problems(config, config_file, stored_bytes(reader), ckpt.source)
+    inflated = limits.size_problems(config, config_file, limits.stored_bytes(reader), ckpt.source)
     if inflated:  # a config far bigger than its weights: do not build that model
         raise CheckpointError.from_problems(problems + inflated)
     if ckpt.tensors:
@@ -246,12 +79,9 @@ def _read_config(reader: CountingReader) -> tuple[dict, str]:
     if name not in reader.names():
         raise InputError("no config.json found", file=where,
                          fix="pass a checkpoint folder containing config.json, or a config.json file")
-    from day0.limits import check_config, check_config_size
-    from day0.modeling import parse_config_json
-
-    check_config_size(reader.size(name), where)  # before reading: it may be any size
+    limits.check_config_size(reader.size(name), where)  # before reading: it may be any size
     config = parse_config_json(reader.read_range(name, 0, reader.size(name)), where)
-    check_config(config, where)  # refused before a single header is read or anything is built
+    limits.check_config(config, where)  # refused before a single header is read or anything is built
     return config, where
 
 
@@ -285,8 +115,8 @@ def _read_indexed(reader, ckpt: Checkpoint, problems: list[Problem], shards: lis
     ckpt.index_file = index
     _add_file(reader, ckpt, index)
     try:
-        if reader.size(index) > data()["max_header_bytes"]:  # not read into memory at all
-            raise ValueError(f"{reader.size(index)} bytes, over {data()['max_header_bytes']}")
+        if reader.size(index) > max_header_bytes():  # not read into memory at all
+            raise ValueError(f"{reader.size(index)} bytes, over {max_header_bytes()}")
         doc = json.loads(reader.read_range(index, 0, reader.size(index)).decode("utf-8"))
         weight_map = doc["weight_map"]
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
@@ -336,33 +166,6 @@ def _read_indexed(reader, ckpt: Checkpoint, problems: list[Problem], shards: lis
     return ok
 
 
-def single_file_problems(reader: Reader, named: set[str]) -> list[Problem]:
-    """One loader truth: transformers loads model.safetensors whenever it exists, even next to an
-    index naming other shards, so such a folder would run other weights than the index says."""
-    index, single = data()["files"]["index"], data()["files"]["single"]
-    if single not in reader.names() or named <= {single}:
-        return []
-    return [Problem(f"{single} lies next to {index}, which does not name it alone: transformers "
-                    f"would load {single} instead of the shards the index names",
-                    file=reader.location(single), fix=f"remove {single} or {index}")]
-
-
-def check_loader_files(source: str | Path) -> None:
-    """Raise CheckpointError when transformers would load other files than the index names
-    (see single_file_problems); the loader calls this so stages load what analysis read."""
-    reader = open_reader(source)
-    index = data()["files"]["index"]
-    if index not in reader.names():
-        return
-    try:
-        named = set(json.loads(reader.read_range(index, 0, reader.size(index)))["weight_map"].values())
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
-        return  # an unreadable index is reported by analysis and by transformers itself
-    problems = single_file_problems(reader, named)
-    if problems:
-        raise CheckpointError.from_problems(problems)
-
-
 def _add_file(reader, ckpt: Checkpoint, name: str) -> None:
     ckpt.files[name] = reader.size(name)
     ckpt.locations[name] = reader.location(name)
@@ -381,111 +184,6 @@ def _add_shard(reader, ckpt: Checkpoint, shard: str, problems: list[Problem]) ->
             continue
         ckpt.tensors[name] = info
     return True
-
-
-def read_header(reader, shard: str, problems: list[Problem]) -> dict[str, TensorInfo] | None:
-    """One shard's tensors from its header, or None when the header itself is unusable.
-
-    Layout problems (offsets out of range, overlaps, gaps, truncation) are appended to
-    problems; the tensors are still returned so the other checks can run on them.
-    """
-    where = reader.location(shard)
-    size = reader.size(shard)
-    if size < 8:
-        problems.append(Problem(f"file is {size} bytes, shorter than the 8-byte header length",
-                                file=where, fix=REDOWNLOAD))
-        return None
-    (length,) = struct.unpack("<Q", reader.read_range(shard, 0, 8))
-    limit = data()["max_header_bytes"]
-    if length > size - 8 or length > limit:
-        problems.append(Problem(
-            f"header length {length} runs past the end of the file ({size} bytes)"
-            if length > size - 8 else f"header length {length} exceeds safetensors' limit {limit}",
-            file=where, fix=REDOWNLOAD + " (truncated or not a safetensors file)"))
-        return None
-    try:
-        header = json.loads(reader.read_range(shard, 8, length).decode("utf-8"))
-        if not isinstance(header, dict):
-            raise ValueError("header is not a JSON object")
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        problems.append(Problem(f"header is not valid JSON ({type(exc).__name__}: {exc})",
-                                file=where, fix=REDOWNLOAD))
-        return None
-    meta = header.get("__metadata__")
-    if meta is not None and not (isinstance(meta, dict)
-                                 and all(isinstance(v, str) for v in meta.values())):
-        # safetensors' loader accepts only a map of strings to strings: transformers could not load it
-        problems.append(Problem("__metadata__ is not a JSON object of strings", file=where,
-                                field="__metadata__", fix=REDOWNLOAD))
-    bits = data()["safetensors_dtypes"]
-    tensors: dict[str, TensorInfo] = {}
-    for name, meta in header.items():
-        if name == "__metadata__":
-            continue
-        info = _tensor_info(name, meta, shard, where, bits, problems)
-        if info is not None:
-            tensors[name] = info
-    _check_layout(tensors, size - 8 - length, where, bits, problems)
-    return tensors
-
-
-def _tensor_info(name, meta, shard, where, bits, problems) -> TensorInfo | None:
-    try:
-        dtype, shape, offsets = meta["dtype"], meta["shape"], meta["data_offsets"]
-        if not isinstance(dtype, str):
-            raise ValueError(f"dtype {dtype!r} is not a string")
-        if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
-            raise ValueError(f"shape {shape!r} is not a list of non-negative integers")
-        if not (isinstance(offsets, list) and len(offsets) == 2
-                and all(type(o) is int for o in offsets) and 0 <= offsets[0] <= offsets[1]):
-            raise ValueError(f"data_offsets {offsets!r} is not [begin, end] with 0 <= begin <= end")
-    except (TypeError, KeyError, ValueError) as exc:
-        problems.append(Problem(f"malformed header entry: {exc}", file=where, field=name, fix=REDOWNLOAD))
-        return None
-    if dtype not in bits:
-        problems.append(Problem(f"unknown safetensors dtype '{dtype}'", file=where, field=name,
-                                fix=f"re-export with one of {', '.join(bits)}"))
-        return None
-    info = TensorInfo(name, shard, dtype, tuple(shape), (offsets[0], offsets[1]))
-    need = _need(info, bits)
-    if info.nbytes != need:
-        problems.append(Problem(f"data_offsets span {info.nbytes} bytes but {dtype}{list(shape)} "
-                                f"needs {need}", file=where, field=name, fix=REDOWNLOAD))
-    return info
-
-
-def _need(info: TensorInfo, bits: dict) -> int:
-    return -(-info.numel * bits[info.dtype] // 8)  # integers: a hostile shape overflows floats
-
-
-def _check_layout(tensors: dict[str, TensorInfo], data_len: int, where: str, bits: dict,
-                  problems: list[Problem]) -> None:
-    """Tensors must tile the data section exactly, as safetensors itself requires on load.
-
-    An entry whose span disagrees with its shape is already reported; it is left out of the
-    tiling check so one corrupt entry does not also show up as overlaps with all the others."""
-    pos, prev = 0, None
-    sound = [t for t in tensors.values() if t.nbytes == _need(t, bits)]
-    for info in sorted(sound, key=lambda t: t.data_offsets):
-        begin, end = info.data_offsets
-        if begin < pos:
-            problems.append(Problem(f"data_offsets {list(info.data_offsets)} overlap {prev}",
-                                    file=where, field=info.name, fix=REDOWNLOAD))
-        elif begin > pos and len(sound) == len(tensors):  # else the gap is the bad entry's slot
-            problems.append(Problem(f"{begin - pos} unaccounted bytes before this tensor's data",
-                                    file=where, field=info.name, fix=REDOWNLOAD))
-        pos, prev = max(pos, end), info.name
-    beyond = sorted((t for t in tensors.values() if t.data_offsets[1] > data_len),
-                    key=lambda t: t.data_offsets)
-    if beyond:
-        first = beyond[0]
-        problems.append(Problem(
-            f"shard truncated or offsets out of range: data of {len(beyond)} tensor(s) ends past "
-            f"the file (needs {pos} data bytes, file has {max(data_len, 0)})",
-            file=where, field=first.name, fix=REDOWNLOAD))
-    elif pos < data_len and len(sound) == len(tensors):
-        problems.append(Problem(f"{data_len - pos} bytes after the last tensor's data",
-                                file=where, field=prev, fix=REDOWNLOAD))
 
 
 __all__ = ["Reader", "LocalReader", "CountingReader", "open_reader", "TensorInfo", "Note",

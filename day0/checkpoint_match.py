@@ -12,8 +12,9 @@ import math
 import re
 from collections import defaultdict
 
-from day0.checkpoint import Checkpoint, Note, TensorInfo, data, risk_text
+from day0.checkpoint_io import Checkpoint, Note, data, risk_text
 from day0.errors import Problem
+from day0.safetensors_header import TensorInfo
 
 
 def _config_value(config: dict, key: str):

@@ -1,9 +1,11 @@
 """The `day0` command line: analyze, scan, validate, plus targets/metrics/gates helpers.
 
-Exit codes: 0 PASS (or command succeeded), 1 FAIL, 2 bad input or config (one line naming file,
-field and fix), 3 ERROR (a stage could not finish: crash, timeout, out of memory), 4 internal
-error, 5 BROKEN (the checkpoint itself is broken: non-finite or zeroed weights, near-uniform
-perplexity, ...; whatever the target does).
+It only parses and dispatches: the rules for a request live in day0.request, the flow is run
+through day0.orchestration (the engine's one adapter to Prefect).
+
+Exit codes (README "Commands"; day0.errors): 0 PASS (or command succeeded), 1 FAIL (TargetFault),
+2 bad input or config (Day0Error), 3 ERROR (StageError: a stage could not finish), 4 internal
+error, 5 BROKEN (the checkpoint itself is broken, whatever the target does).
 """
 
 from __future__ import annotations
@@ -12,9 +14,8 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 
-from day0.errors import Day0Error, InputError
+from day0.errors import Day0Error
 
 
 def _add_target_args(p: argparse.ArgumentParser) -> None:
@@ -91,122 +92,53 @@ def _add_hooks_parser(sub) -> None:
     s.add_argument("--port", type=int, default=None, help="listen port (default from config: 8787)")
 
 
-def _inputs(args, source: str):
-    from day0.contract import StageInputs
-    from day0.targets import resolve_target
+def _inputs(args):
+    from day0 import request
 
-    if source.startswith("s3://"):
-        from day0.storage import parse_s3_uri
-
-        parse_s3_uri(source)  # malformed URI: exit 2 here; a missing prefix: the stage says so
-    elif not Path(source).exists():
-        raise InputError("no such file or folder", file=source,
-                         fix="pass a checkpoint folder or a config.json")
-    return StageInputs(source=source, target=resolve_target(args.target, args.target_file),
-                       trust_remote_code=getattr(args, "trust_remote_code", False))
+    return request.stage_inputs(args.source, target=args.target, target_file=args.target_file,
+                                trust_remote_code=args.trust_remote_code)
 
 
 def cmd_analyze(args) -> int:
-    from day0 import analysis
+    from day0.stages import analysis
 
-    result = analysis.run(analysis.Config(), _inputs(args, args.source))
+    result = analysis.run(analysis.Config(), _inputs(args))
     print(json.dumps(result.model_dump(mode="json"), indent=2) if args.json else analysis.summary_text(result))
     return 0
 
 
 def cmd_scan(args) -> int:
-    from day0 import scan
+    from day0.stages import scan
 
-    result = scan.run(scan.Config(probe=not args.no_probe), _inputs(args, args.source))
+    result = scan.run(scan.Config(probe=not args.no_probe), _inputs(args))
     print(json.dumps(result.model_dump(mode="json"), indent=2) if args.json else scan.summary_text(result))
     return 0
 
 
-def _stage_configs(args) -> dict:
-    from day0.yamlio import read_mapping
-
-    configs = {}
-    if args.config:
-        configs = read_mapping(args.config) or {}
-        if not isinstance(configs, dict):
-            raise InputError("must map stage names to settings", file=args.config,
-                             fix="write e.g. 'alignment: {max_windows: 4}'")
-    if args.text:
-        if not Path(args.text).is_file():
-            raise InputError("evaluation text not found", file=args.text, fix="check the --text path")
-        configs.setdefault("alignment", {})["text_file"] = str(Path(args.text).resolve())
-    return configs
-
-
 def cmd_validate(args) -> int:
-    from day0 import gates, report as reporting
-    from day0.stage import STAGES
-    from day0.errors import ConfigError, did_you_mean
+    from day0 import report as reporting, request
+    from day0.orchestration import local
 
-    inputs = _inputs(args, args.source)  # bad source or target: exit 2 before Prefect starts
-    gates.load_gates(args.gates)
-    configs = _stage_configs(args)
-    for name in configs:
-        if name not in STAGES:
-            raise ConfigError(f"unknown stage '{name}'", file=args.config, field=name,
-                              fix=did_you_mean(name, STAGES).strip() or f"use {sorted(STAGES)}")
-    params = dict(source=_local_or_uri(args.source),
-                  target=None if args.target_file else inputs.target.name,
-                  target_file=args.target_file, gates=args.gates,
-                  out=str(Path(args.out).resolve()) if args.out else None,
-                  stage_configs=configs, use_cache=not args.no_cache,
-                  trust_remote_code=args.trust_remote_code, revision=args.revision)
-    if args.deployment:
-        report_json = _run_on_deployment(args.deployment, params)
-    else:
-        from flows.validate import validate
-
-        report_json = validate(**params)
+    # bad source, target, gates or stage settings: exit 2 before Prefect starts
+    req = request.build(args.source, target=args.target, target_file=args.target_file,
+                        gates=args.gates, out=args.out, config=args.config, text=args.text,
+                        use_cache=not args.no_cache, trust_remote_code=args.trust_remote_code,
+                        revision=args.revision, deployment=args.deployment)
+    report_json = local.validate_on(args.deployment, req) if args.deployment else local.validate(req)
     report = reporting.Report.model_validate(report_json)
-    bad_input = [s for s in report.stages.values() if s.failure in ("input", "config")]
-    if bad_input:
-        print(f"day0: error: {bad_input[0].error}", file=sys.stderr)
-        return 2
+    code, error = request.exit_status(report)
+    if error is not None:
+        print(f"day0: error: {error}", file=sys.stderr)
+        return code
     print(report.model_dump_json(indent=2) if args.json else reporting.verdict_table(report))
-    return report.exit_code
-
-
-def _local_or_uri(source: str) -> str:
-    return source if "://" in source else str(Path(source).resolve())
-
-
-def _run_on_deployment(deployment: str, params: dict) -> dict:
-    """Submit to a served/deployed `validate` and wait; its final state must be Completed."""
-    from prefect.deployments import run_deployment
-
-    from day0.errors import ConfigError, StageError
-
-    if params["target_file"]:
-        raise ConfigError("--target-file is read on this machine only", field="--target-file",
-                          fix="with --deployment, name a target the worker knows (--target NAME)")
-    name = deployment if "/" in deployment else f"validate/{deployment}"
-    flow_run = run_deployment(name=name, parameters={k: v for k, v in params.items() if v is not None},
-                              timeout=None, as_subflow=False)
-    if not flow_run.state or not flow_run.state.is_completed():
-        raise StageError(f"flow run {flow_run.name} ({flow_run.id}) ended "
-                         f"{flow_run.state.name if flow_run.state else 'without a state'}",
-                         field="--deployment", fix="open the run in the Prefect UI for its logs")
-    from flows.results import read_report
-
-    return read_report(flow_run)  # plain JSON: never State.result(), which may unpickle
+    return code
 
 
 def cmd_serve(args) -> int:
     """Register the `validate` deployment on PREFECT_API_URL and run its flow runs here."""
-    from prefect.deployments.runner import EntrypointType
+    from day0.orchestration import local
 
-    from flows.validate import validate
-
-    # module entrypoint: runs resolve `flows.validate` from the installed package, whatever the cwd
-    validate.serve(name=args.name, limit=args.limit, tags=["day0"],
-                   entrypoint_type=EntrypointType.MODULE_PATH,
-                   parameters={"target": args.target} if args.target else None,
-                   description="day0 validation: analysis, operator scan, alignment, gates.")
+    local.serve(args.name, limit=args.limit, target=args.target)
     return 0
 
 

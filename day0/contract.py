@@ -1,6 +1,6 @@
 """The stage contract: every stage is ``run(config, inputs) -> Result`` over pydantic models.
 
-A stage module (day0.analysis, day0.scan, day0.alignment) exposes:
+A stage module (day0.stages.analysis, day0.stages.scan, day0.stages.alignment) exposes:
 
 * ``Config``  - pydantic, ``extra="forbid"``: the stage's own settings;
 * ``Result``  - pydantic, subclass of :class:`StageResult`: JSON-serialisable evidence;
@@ -32,6 +32,13 @@ class StageInputs(BaseModel):
     revision: str | None = Field(None, description=(
         "The release's revision when one is named (keys stored reference scores of this "
         "model/revision); None for an anonymous run."))
+
+
+class Row(BaseModel):
+    """A row of a result table; NaN/inf are findings, so JSON keeps them ("NaN", "Infinity")
+    instead of null."""
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
 
 
 class StageResult(BaseModel):

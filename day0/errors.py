@@ -7,7 +7,22 @@ Hierarchy::
     ├── InputError             a SOURCE that cannot be read (missing path, bad config.json)
     │   └── CheckpointError    headers, index and config disagree (names file and tensor)
     ├── PluginError            a target plugin cannot be imported or has no apply(model)
-    └── StageError             a stage crashed, timed out or ran out of memory; exit code 3
+    ├── TargetFault            the target itself failed (its forward raised, ...): FAIL, exit 1
+    ├── StageError             a stage could not finish (crash, timeout, out of memory, its own
+    │                          bug): ERROR, exit code 3
+    └── ReceiverError          the release receiver refuses a request or cannot serve it now;
+        │                      ``status`` is its HTTP answer, ``reason`` safe to show the sender
+        ├── BadRequest         400/409/413/422: the body or a field is wrong (status given)
+        ├── AuthError          401: not authenticated
+        ├── TooLarge           413: the body is over max_body_bytes
+        ├── ClientGone         400: the client left before its body ended
+        └── Unavailable        503 + Retry-After: what the answer depends on cannot answer now
+            ├── StoreError     the object store (down, denied, throttled): checked again later
+            └── JournalError   the receiver's journal (SQLite) could not be read or written
+
+The exit codes of `day0 validate` (README, "Commands"): 0 PASS, 1 FAIL (TargetFault and every
+other finding about the target), 2 bad input or config (Day0Error's default), 3 ERROR
+(StageError), 4 an internal day0 bug (any other exception), 5 BROKEN (the checkpoint itself).
 
 The CLI turns any Day0Error into one line on stderr (``str(err)``) and its ``exit_code``;
 nothing else reaches the user as a traceback. That line is bounded (``MAX_MESSAGE`` characters):
@@ -125,10 +140,71 @@ class PluginError(Day0Error):
     """A target plugin cannot be loaded or does not expose ``apply(model)``."""
 
 
+class TargetFault(Day0Error):
+    """The target under test failed (its forward raised, its kernels are missing): evidence
+    against the target, so its gates FAIL; not a broken stage."""
+
+    exit_code = 1
+
+
 class StageError(Day0Error):
-    """A stage did not produce a result: it crashed, timed out or exhausted memory."""
+    """A stage did not produce a result: it crashed, timed out, exhausted memory or broke."""
 
     exit_code = 3
+
+
+class ReceiverError(Day0Error):
+    """A request the release receiver refuses or cannot serve now (day0.receiver.app answers
+    ``status`` with ``{"detail": reason}`` and ``headers``); the reason is safe to show."""
+
+    status = 400
+    headers: dict[str, str] = {}
+
+    def __init__(self, reason: str, *, status: int | None = None):
+        super().__init__(reason)
+        self.reason = reason
+        if status is not None:
+            self.status = status
+
+
+class BadRequest(ReceiverError):
+    """Bad input: `status` (400, 409, 413 or 422) and a reason safe to show the sender."""
+
+    def __init__(self, status: int, reason: str):
+        super().__init__(reason, status=status)
+
+
+class AuthError(ReceiverError):
+    """The request is not authenticated."""
+
+    status = 401
+    headers = {"WWW-Authenticate": "Bearer"}
+
+
+class TooLarge(ReceiverError):
+    """The body is larger than the receiver accepts; the connection is closed after the answer."""
+
+    status = 413
+    headers = {"Connection": "close"}
+
+
+class ClientGone(ReceiverError):
+    """The client closed the connection (or missed the body deadline) before its body ended."""
+
+
+class Unavailable(ReceiverError):
+    """What the answer depends on cannot answer now (503 with Retry-After; the sender retries)."""
+
+    status = 503
+    headers = {"Retry-After": "5"}
+
+
+class StoreError(Unavailable):
+    """The object store could not be read (down, denied, throttled); the check is retried later."""
+
+
+class JournalError(Unavailable):
+    """The receiver's journal could not be read or written (disk full, locked, corrupt)."""
 
 
 def did_you_mean(word: str, choices) -> str:

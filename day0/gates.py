@@ -18,7 +18,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from day0.errors import ConfigError, Problem, did_you_mean
 from day0.yamlio import problems_from_validation, read_mapping
 
-METRICS_DIR = Path(__file__).parent / "data" / "metrics"
 OPS = {"<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt, "==": operator.eq}
 
 
@@ -64,12 +63,20 @@ class GateResult(BaseModel):
 
 
 def metric_catalog() -> dict[str, dict]:
-    """Every metric any stage can produce: name -> {description, unit, stage}."""
+    """Every metric a registered stage can produce: name -> {description, unit, stage}.
+
+    Each stage declares its metrics in its METRICS file (day0.stages), named ``<stage>.*``."""
+    from day0 import stages
+
     catalog: dict[str, dict] = {}
-    for path in sorted(METRICS_DIR.glob("*.yaml")):
+    for name in stages.names():
+        path = stages.get(name).metrics_file
+        if not path.is_file():
+            raise ConfigError(f"stage '{name}' declares no metrics file", file=str(path),
+                              fix="ship the YAML its METRICS names ({metrics: {NAME: {...}}})")
         data = yaml.safe_load(path.read_text()) or {}
-        for name, info in (data.get("metrics") or {}).items():
-            catalog[name] = {**(info or {}), "stage": path.stem}
+        for metric, info in (data.get("metrics") or {}).items():
+            catalog[metric] = {**(info or {}), "stage": name}
     return catalog
 
 

@@ -8,8 +8,10 @@ crashes deep inside torch with an error that names no field. So, first of all:
   integer dimension within data/limits.yaml, and the parameter count the config implies
   (``implied_params``, a lower bound) under an absolute ceiling;
 * ``size_problems(raw, file, stored_bytes)``: with weights, that implied count against the bytes
-  the safetensors files actually hold (a config inflated past its checkpoint);
-* ``check_source(source)``: both, for the start of a stage that loads the model.
+  the safetensors files actually hold (a config inflated past its checkpoint; both together at
+  the start of a stage that loads the model: day0.modeling.check_source);
+* ``limits()["max_safetensors_header_bytes"]``: the one limit on a safetensors header or shard
+  index (day0.safetensors_header).
 
 Everything is arithmetic on the parsed JSON: nothing here imports torch or transformers, so a
 hostile config is refused in milliseconds.
@@ -173,20 +175,6 @@ def stored_bytes(reader) -> int:
     return sum(reader.size(n) for n in reader.names() if n.endswith(".safetensors"))
 
 
-def check_source(source: str) -> None:
-    """At the start of a stage that loads the model: config.json within limits, and within the
-    size of the weights next to it. Raises InputError."""
-    from day0.checkpoint import open_reader
-    from day0.sources import read_config
-
-    raw, file = read_config(source)
-    check_config(raw, file)
-    reader = open_reader(source)
-    problems = size_problems(raw, file, stored_bytes(reader), str(source))
-    if problems:
-        raise InputError.from_problems(problems)
-
-
 def _show(value) -> str:
     """A bounded rendering of an untrusted value for a message."""
     kind = type(value).__name__
@@ -196,4 +184,4 @@ def _show(value) -> str:
 
 
 __all__ = ["limits", "check_config_size", "extent", "config_problems", "check_config",
-           "implied_params", "size_problems", "stored_bytes", "check_source"]
+           "implied_params", "size_problems", "stored_bytes"]

@@ -1,5 +1,8 @@
 """Build transformers models from a config.json: on the meta device (no memory) or with weights.
 
+config.json itself is read by day0.checkpoint_io;
+``check_source`` refuses a hostile one before ``load_pretrained`` reads a weight.
+
 Uses transformers' own model classes. An unknown ``model_type`` falls back to ``architectures``
 (e.g. Kimi-K2 ships ``model_type: kimi_k2`` with ``DeepseekV3ForCausalLM``); remote code from
 ``auto_map`` only runs when the caller passes ``trust_remote_code=True``.
@@ -9,12 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from day0 import limits
+from day0.checkpoint_io import (check_loader_files, config_path, open_reader, read_config,
+                                read_config_dict)
 from day0.errors import InputError
 
 
@@ -28,48 +33,6 @@ class ResolvedConfig:
     file: str = "config.json"
 
 
-def config_path(source: str | Path) -> Path:
-    """config.json of a checkpoint folder, or the file itself."""
-    path = Path(source)
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
-        raise InputError("no config.json found", file=str(path),
-                         fix="pass a checkpoint folder containing config.json, or a config.json file")
-    return path
-
-
-def parse_config_json(raw: bytes, where: str) -> dict:
-    """config.json bytes -> dict, or an InputError naming where it came from."""
-    from day0.limits import check_config_size
-
-    check_config_size(len(raw), where)
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:  # ValueError: bad JSON, or an over-long integer
-        raise InputError(f"not valid JSON ({exc})", file=where,
-                         fix="restore config.json from the model's release") from None
-    except RecursionError:  # the parser recurses per nesting level
-        raise InputError("nested too deeply to parse", file=where,
-                         fix="restore config.json from the model's release") from None
-    if not isinstance(data, dict):
-        raise InputError("config.json must hold a JSON object", file=where,
-                         fix="restore config.json from the model's release")
-    return data
-
-
-def read_config_dict(source: str | Path) -> dict:
-    if str(source).startswith("s3://"):
-        from day0.sources import read_config
-
-        return read_config(str(source))[0]
-    from day0.limits import check_config_size
-
-    path = config_path(source)
-    check_config_size(path.stat().st_size, str(path))  # before reading: it may be any size
-    return parse_config_json(path.read_bytes(), str(path))
-
-
 def resolve_config(data: dict, *, trust_remote_code: bool = False, file: str = "config.json"
                    ) -> ResolvedConfig:
     """transformers config + causal-LM class for a config dict, with the fallbacks noted."""
@@ -77,9 +40,7 @@ def resolve_config(data: dict, *, trust_remote_code: bool = False, file: str = "
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    from day0.limits import check_config
-
-    check_config(data, file)  # before transformers builds anything from it
+    limits.check_config(data, file)  # before transformers builds anything from it
     notes: list[str] = []
     data = dict(data)
     model_type = data.get("model_type")
@@ -215,10 +176,6 @@ def load_pretrained(source: str | Path, *, device: str = "cpu", dtype: str = "fl
     Raises CheckpointError when transformers would load other files than the index names."""
     import torch
 
-    from day0.checkpoint import check_loader_files
-
-    from day0.limits import check_source
-
     check_loader_files(source)
     check_source(str(source))  # config.json within limits and within the weights' size
     raw, file = read_config_dict(source), str(config_path(source))
@@ -231,6 +188,16 @@ def load_pretrained(source: str | Path, *, device: str = "cpu", dtype: str = "fl
             str(source), config=resolved.config, dtype=getattr(torch, dtype),
             trust_remote_code=trust_remote_code)
     return model.to(device).eval()
+
+
+def check_source(source: str) -> None:
+    """At the start of a stage that loads the model: config.json within day0.limits, and within
+    the size of the weights next to it. Raises InputError."""
+    raw, file = read_config(source)
+    limits.check_config(raw, file)
+    problems = limits.size_problems(raw, file, limits.stored_bytes(open_reader(source)), str(source))
+    if problems:
+        raise InputError.from_problems(problems)
 
 
 def decoder_layers(model) -> list:

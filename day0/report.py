@@ -12,11 +12,12 @@ from day0 import __version__
 from day0.atomic import write_atomic
 from day0.budget import StageBudget
 from day0.gates import GateResult
-from day0.report_alignment import alignment_markdown
+from day0 import stages
+from day0.errors import Day0Error
 from day0.stage import StageOutcome
 from day0.targets import Target
 
-# 2 (bad input or config) and 4 (internal error) are the CLI's own; see day0.cli
+# 2 (bad input or config: day0.request.exit_status) and 4 (a day0 bug) are the CLI's own
 EXIT_CODES = {"PASS": 0, "FAIL": 1, "ERROR": 3, "BROKEN": 5}
 
 
@@ -40,22 +41,26 @@ class Report(BaseModel):
     verdict: str = Field(description=(
         "PASS, FAIL (the target), BROKEN (the checkpoint itself) or ERROR (a stage could not finish)."))
     source: str
-    model: dict = Field(default_factory=dict, description="architecture, model_type, params.")
+    identity: dict = Field(default_factory=dict, description=(
+        "model, revision, weights_digest and run_id (day0.identity): where this run is kept."))
+    model: dict = Field(default_factory=dict, description=(
+        "What the model is, from the stages' facts: architecture, model_type, attention, moe, "
+        "params, dimensions."))
     target: Target
     reference: Target
     gates: list[GateResult]
     stages: dict[str, StageSummary]
     metrics: dict[str, float | None]
-    alignment: dict = Field(default_factory=dict, description=(
-        "The alignment stage's whole result: target vs control vs reference, windows, tables."))
-    scan: dict = Field(default_factory=dict, description="coverage, uncovered and long-tail ops.")
+    evidence: dict[str, dict] = Field(default_factory=dict, description=(
+        "Each stage's evidence by stage name, as the stage chooses to show it (its `evidence` "
+        "hook; stages/<stage>.json in the results keeps the whole outcome)."))
     errors: list[str] = Field(default_factory=list, description="Failed stages, one line each.")
     checkpoint_problems: list[str] = Field(default_factory=list, description=(
         "Findings that the checkpoint itself is broken (not the target), from every stage."))
     created_at: str
     day0_version: str = __version__
     results_uri: str | None = Field(None, description=(
-        "Where report.json, report.md and stages/<stage>.json were published (day0.storage)."))
+        "Where report.json, report.md and stages/<stage>.json were published (day0.identity)."))
 
     @property
     def exit_code(self) -> int:
@@ -63,29 +68,40 @@ class Report(BaseModel):
 
 
 def build(*, source: str, target: Target, reference: Target, outcomes: dict[str, StageOutcome],
-          gate_results: list[GateResult], verdict: str,
-          checkpoint_problems: list[str] | None = None) -> Report:
+          gate_results: list[GateResult], verdict: str, facts: dict | None = None,
+          checkpoint_problems: list[str] | None = None, identity: dict | None = None) -> Report:
     metrics: dict[str, float | None] = {}
     for outcome in outcomes.values():
         metrics.update(outcome.metrics)
-    analysis = (outcomes.get("analysis") or StageOutcome(stage="analysis", ok=False)).result or {}
-    alignment = (outcomes.get("alignment") or StageOutcome(stage="alignment", ok=False)).result or {}
-    scan = (outcomes.get("scan") or StageOutcome(stage="scan", ok=False)).result or {}
+    evidence = {}
+    for name, outcome in outcomes.items():
+        if outcome.ok and outcome.result is not None:
+            evidence[name] = _hook(name, "evidence", outcome.result) or {}
     return Report(
         verdict=verdict, source=source, target=target, reference=reference, gates=gate_results,
-        model={k: analysis.get(k) for k in ("architecture", "model_type", "attention", "moe", "params")},
+        identity=dict(identity or {}), model=dict(facts or {}),
         stages={name: StageSummary(ok=o.ok, cached=o.cached, seconds=round(o.seconds, 3),
                                    failure=o.failure, error=o.error, ran_in=o.ran_in,
                                    budget=o.budget)
                 for name, o in outcomes.items()},
-        metrics=metrics,
-        # all alignment evidence (tables, windows, text, comparisons), not only the gate inputs
-        alignment=alignment,
-        scan={k: scan.get(k) for k in ("coverage", "uncovered", "long_tail") if k in scan},
+        metrics=metrics, evidence=evidence,
         errors=[f"stage {name}: {o.error}" for name, o in outcomes.items() if not o.ok],
         checkpoint_problems=list(checkpoint_problems or []),
         created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     )
+
+
+def _hook(name: str, hook: str, *args):
+    """A stage's report hook (day0.stages), or its default; a stage no longer registered keeps
+    its evidence as it is."""
+    try:
+        stage = stages.get(name)
+    except Day0Error:
+        return args[0] if hook == "evidence" else None
+    if hook == "evidence":
+        return stage.evidence(*args)
+    fn = stage.hook(hook)
+    return fn(*args) if fn else None
 
 
 def _fmt(value) -> str:
@@ -106,15 +122,12 @@ def gate_rows(report: Report) -> list[dict]:
              "reason": g.reason} for g in report.gates]
 
 
-LAYER_COLUMNS = {"layer": "layer", "rel_error": "target error", "control_rel_error": "control error",
-                 "ratio": "ratio", "ratio_low": "ratio low (worst bucket)", "bound": "bound",
-                 "diverged": "diverged"}
-
-
-def layer_rows(report: Report) -> list[dict]:
-    """Per-layer table: target and control error against the reference, ratio and its bound."""
-    return [{label: _fmt(row.get(key)) for key, label in LAYER_COLUMNS.items()}
-            for row in report.alignment.get("layers", [])]
+def stage_tables(report: Report) -> dict[str, tuple[str, list[dict]]]:
+    """Extra tables the stages show (their `tables` hook): artifact key -> (description, rows)."""
+    out: dict[str, tuple[str, list[dict]]] = {}
+    for name, result in report.evidence.items():
+        out.update(_hook(name, "tables", result) or {})
+    return out
 
 
 def _table(rows: list[dict]) -> str:
@@ -129,16 +142,18 @@ def _table(rows: list[dict]) -> str:
 def to_markdown(report: Report) -> str:
     model = report.model or {}
     params = model.get("params") or {}
+    ident = report.identity or {}
     parts = [f"# day0 validation: {report.verdict}\n"]
     if report.checkpoint_problems:  # first: nothing below is about the target then
         parts += (["## The checkpoint is broken\n"] + [f"- {p}" for p in report.checkpoint_problems]
                   + ["", "Target and reference load the same broken weights: the comparisons "
                          "below say nothing about the port.\n"])
     parts += [
-        f"- model: `{report.source}` ({model.get('architecture') or '?'}, "
-        f"{_fmt(params.get('total'))} params, {_fmt(params.get('active'))} active)",
+        f"- model: `{ident.get('model') or report.source}` revision `{ident.get('revision') or '?'}` "
+        f"({model.get('architecture') or '?'}, {_fmt(params.get('total'))} params, "
+        f"{_fmt(params.get('active'))} active)",
+        f"- source: `{report.source}`",
         f"- target: **{report.target.label}** vs reference {report.reference.device}/{report.reference.dtype}",
-        f"- first divergent layer: {_fmt(report.alignment.get('first_divergent_layer'))}",
         f"- created: {report.created_at}, day0 {report.day0_version}\n",
     ]
     if report.results_uri:
@@ -150,14 +165,17 @@ def to_markdown(report: Report) -> str:
                                        "seconds": s.seconds, "ran in": s.ran_in,
                                        "budget": _budget(s.budget), "error": s.error or ""}
                                       for n, s in report.stages.items()])]
-    if report.alignment.get("layers"):
-        parts.append(alignment_markdown(report.alignment, report.gates))
-    if report.scan:
-        parts += ["## Operator coverage\n",
-                  f"- coverage: {_fmt(report.scan.get('coverage'))}",
-                  f"- uncovered: {', '.join(map(str, report.scan.get('uncovered') or [])) or 'none'}",
-                  f"- long-tail: {', '.join(map(str, report.scan.get('long_tail') or [])) or 'none'}\n"]
-    return "\n".join(parts)
+    for name, result in report.evidence.items():
+        section = _hook(name, "markdown", result, report.gates)
+        parts.append(section if section is not None else _metrics_section(report, name))
+    return "\n".join(p for p in parts if p)
+
+
+def _metrics_section(report: Report, stage: str) -> str:
+    """The default section of a stage without a markdown hook: its metrics."""
+    rows = [{"metric": k, "value": _fmt(v)} for k, v in report.metrics.items()
+            if k.startswith(stage + ".")]
+    return f"## {stage}\n\n" + _table(rows)
 
 
 def _budget(budget: StageBudget | None) -> str:
@@ -193,24 +211,30 @@ def write(report: Report, out: str | Path) -> tuple[Path, Path]:
     return json_path, md_path
 
 
-def publish_to_store(report, outcomes: dict[str, StageOutcome] | None = None,
-                     revision: str | None = None, log=None) -> str | None:
-    """report.json, report.md and stages/<stage>.json to the results location (day0.storage):
-    for an s3:// source or with DAY0_RESULTS_URI set; sets report.results_uri. A store that
-    fails here is logged, never turned into a failed verdict."""
-    from day0.errors import Day0Error
-    from day0.storage import results_location, write_results
+def publish_to_store(report: Report, outcomes: dict[str, StageOutcome] | None = None,
+                     log=None) -> str | None:
+    """report.json, report.md and stages/<stage>.json as one run under the results location
+    (day0.identity: ``<base>/<model>/<revision>/<target>/runs/<run-id>/``, latest.json naming the
+    newest run): for an s3:// source or with DAY0_RESULTS_URI set; sets report.results_uri. A
+    store that fails here is logged, never turned into a failed verdict."""
+    from day0 import identity
 
+    ident = report.identity or {}
+    run_id = ident.get("run_id") or identity.new_run_id()
     try:
-        where = results_location(None, report.source, report.target.name, revision)
-        if where is None:
+        folder = identity.results_location(None, report.source, report.target.name,
+                                           ident.get("revision"), ident.get("model"),
+                                           weights=ident.get("weights_digest"))
+        if folder is None:
             return None
-        report.results_uri = where
+        report.results_uri = identity.run_location(folder, run_id)
         files = {"report.json": report.model_dump_json(indent=2).encode(),
                  "report.md": to_markdown(report).encode()}
         for name, outcome in (outcomes or {}).items():
             files[f"stages/{name}.json"] = outcome.model_dump_json(indent=1).encode()
-        write_results(where, files)
+        where = identity.publish_run(files, source=report.source, target_name=report.target.name,
+                                     model=ident.get("model"), revision=ident.get("revision"),
+                                     run_id=run_id, weights=ident.get("weights_digest"))
     except Day0Error as exc:
         report.results_uri = None
         if log:

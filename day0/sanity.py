@@ -302,7 +302,7 @@ def perplexity_problems(perplexity: float, vocab_size: int, stored: float | None
 
 
 def _score_path(model_key: str) -> Path:
-    from day0.cache import cache_dir
+    from day0.identity import cache_dir
 
     name = hashlib.sha256(model_key.encode()).hexdigest()  # any key is a safe file name
     return cache_dir() / "reference-scores" / f"{name}.json"

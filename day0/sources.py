@@ -1,8 +1,8 @@
 """Where a SOURCE's files come from: a local folder or an s3:// prefix.
 
-* ``read_config(source)``: config.json as a dict (for s3: one GET; scan needs nothing else).
-* ``weights_digest(source)`` for s3: digest of the objects' names, ETags and sizes - the stage
-  cache key without downloading anything.
+* config.json is read by day0.checkpoint_io (``read_config``: for s3 one GET).
+* which objects a checkpoint needs and its digest are day0.identity's (``wanted_objects``,
+  ``listing_digest``): the stage cache key without downloading anything.
 * ``local_checkpoint(source)``: a local folder for stages that load weights. For s3 the objects
   are streamed one at a time to ``$DAY0_CACHE_DIR/weights/blobs/<id>`` (id = hash of bucket, key,
   ETag and size; temp file then atomic rename; each GET pinned to the listed ETag with If-Match),
@@ -24,58 +24,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from day0.errors import InputError
-from day0.storage import (ObjectInfo, S3Uri, checkpoint_objects, is_s3, parse_s3_uri,
-                          read_object, s3_client, translate_error)
+from day0.identity import cache_dir, listing_digest, wanted_objects
+from day0.storage import (ObjectInfo, checkpoint_objects, is_s3, parse_s3_uri, s3_client,
+                          translate_error)
 
 # objects below this are one streamed GET; larger ones parallel ranged GETs of PART_BYTES
 STREAM_LIMIT = 64 * 2**20
 PART_BYTES = 16 * 2**20
-OTHER_WEIGHTS = (".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack")
 CONFIG = "config.json"
 
 
 def cache_root() -> Path:
-    root = os.environ.get("DAY0_CACHE_DIR") or Path.home() / ".cache" / "day0"
-    return Path(root) / "weights"
-
-
-def wanted_objects(objects: dict[str, ObjectInfo]) -> dict[str, ObjectInfo]:
-    """The files a stage needs: everything under the prefix, except other weight formats
-    (pytorch .bin etc.) when safetensors are present (HF repos often ship both)."""
-    if not any(n.endswith(".safetensors") for n in objects):
-        return dict(objects)
-    return {n: o for n, o in objects.items() if not n.endswith(OTHER_WEIGHTS)}
-
-
-def listing_digest(objects: dict[str, ObjectInfo]) -> str:
-    """sha256 over (name, ETag, size) of each object: the checkpoint's identity on the store."""
-    h = hashlib.sha256(b"s3-objects\n")
-    for name, info in sorted(objects.items()):
-        h.update(f"{name}:{info.etag}:{info.size}\n".encode())
-    return h.hexdigest()
-
-
-def weights_digest(source: str) -> str:
-    """Digest of an s3:// checkpoint from one LIST (keys, ETags, sizes); no data is read."""
-    _, objects = checkpoint_objects(source)
-    return listing_digest(wanted_objects(objects))
-
-
-def read_config(source: str | Path) -> tuple[dict, str]:
-    """(config.json as a dict, its location) for a local or s3:// source."""
-    if not is_s3(source):
-        from day0.modeling import config_path, read_config_dict
-
-        return read_config_dict(source), str(config_path(source))
-    folder, objects = checkpoint_objects(source)
-    info = objects.get(CONFIG)
-    where = f"s3://{folder.bucket}/{info.key}" if info else str(folder.child(CONFIG))
-    if info is None:
-        raise InputError("no config.json found", file=where,
-                         fix="upload config.json next to the weights, or pass the right prefix")
-    from day0.modeling import parse_config_json
-
-    return parse_config_json(read_object(where), where), where
+    """Where s3 checkpoints are materialized: <day0.identity.cache_dir()>/weights."""
+    return cache_dir() / "weights"
 
 
 # --------------------------------------------------------------------------- materialization
@@ -216,15 +177,5 @@ def local_checkpoint(source: str, *, log=None) -> str:
     return str(materialize(source, log=log).path)
 
 
-def model_name(source: str) -> str:
-    """The model part of a results path: the s3 key prefix, or a local folder's name."""
-    if is_s3(source):
-        u: S3Uri = parse_s3_uri(source)
-        key = u.key[:-len(CONFIG)].rstrip("/") if u.key.endswith(CONFIG) else u.key
-        return key or u.bucket
-    path = Path(source)
-    return (path.parent if path.is_file() else path).resolve().name or "model"
-
-
-__all__ = ["Materialized", "materialize", "local_checkpoint", "read_config", "weights_digest",
-           "listing_digest", "wanted_objects", "model_name", "cache_root", "STREAM_LIMIT"]
+__all__ = ["Materialized", "materialize", "local_checkpoint", "cache_root",
+           "STREAM_LIMIT"]

@@ -8,7 +8,6 @@ limit, streams the child's log lines, and turns a crash, timeout or OOM kill int
 
 from __future__ import annotations
 
-import importlib
 import importlib.metadata
 import os
 import signal
@@ -27,13 +26,13 @@ from day0 import lifecycle
 from day0.atomic import write_atomic
 from day0.budget import StageBudget, for_spec
 from day0.contract import StageInputs
-from day0.errors import ConfigError, Day0Error, InputError, StageError
+from day0 import stages
+from day0.errors import ConfigError, Day0Error, TargetFault
 from day0.memory import group_rss_bytes, rss_bytes
 
-STAGES = {"analysis": "day0.analysis", "scan": "day0.scan", "alignment": "day0.alignment"}
-# "target": the stage ran but the target itself failed (e.g. its forward raised): a finding, FAIL.
-# "error", "crash", "timeout", "oom", "image" (missing, or lacking a dependency): the stage could
-# not finish: ERROR.
+# "target": the stage ran but the target itself failed (TargetFault: its forward raised): a
+# finding, FAIL. "error" (StageError or a bug), "crash", "timeout", "oom", "image" (missing, or
+# lacking a dependency): the stage could not finish: ERROR. "input"/"config": bad input, exit 2.
 FailureKind = Literal["input", "config", "target", "error", "crash", "timeout", "oom", "image"]
 
 
@@ -42,9 +41,15 @@ class StageSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    stage: str = Field(description=f"Stage name: one of {sorted(STAGES)}.")
+    stage: str = Field(description="Stage name (day0.stages).")
+    locator: str | None = Field(None, description=(
+        "Where the stage lives ('pkg.module' or 'pkg.module:attr'), as the parent resolved it: "
+        "a stage registered at run time is found in the child too."))
     config: dict = Field(default_factory=dict, description="The stage's own Config, as JSON.")
-    inputs: StageInputs = Field(description="Source, target, reference, upstream results.")
+    inputs: StageInputs = Field(description="Source, target, reference, required results.")
+    facts: dict = Field(default_factory=dict, description=(
+        "Model facts from earlier stages (params, dimensions) for the stage's memory and time "
+        "budget (day0.budget); never read by the stage, never part of its cache key."))
 
 
 class StageOutcome(BaseModel):
@@ -67,13 +72,13 @@ class StageOutcome(BaseModel):
         "Where it ran: 'process', 'docker:IMAGE:CONTAINER', 'deployment:NAME:FLOW_RUN_ID'."))
     budget: StageBudget | None = Field(None, description=(
         "The memory and time the stage was allowed and where they came from (day0.budget)."))
+    cache_key: str | None = Field(None, description=(
+        "The stage's cache key (day0.cache): what a stage that requires this one is keyed by."))
 
 
-def stage_module(name: str):
-    if name not in STAGES:
-        raise InputError(f"unknown stage '{name}'", field="stage",
-                         fix=f"use one of {', '.join(sorted(STAGES))}")
-    return importlib.import_module(STAGES[name])
+def stage_module(spec: StageSpec):
+    """The stage's module (Config, Result, run): by the spec's locator, else by name."""
+    return stages.get(spec.stage, spec.locator).module
 
 
 def execute(spec: StageSpec) -> StageOutcome:
@@ -82,14 +87,15 @@ def execute(spec: StageSpec) -> StageOutcome:
 
     started = time.monotonic()
     try:
-        module = stage_module(spec.stage)
+        module = stage_module(spec)
         config = load_model(module.Config, spec.config, f"{spec.stage} stage config")
         result = module.run(config, spec.inputs)
         return StageOutcome(stage=spec.stage, ok=True, result=result.model_dump(mode="json"),
                             metrics=result.metrics(), seconds=time.monotonic() - started)
     except Day0Error as exc:
         kind = ("config" if isinstance(exc, ConfigError) else
-                "target" if isinstance(exc, StageError) else "input")
+                "target" if isinstance(exc, TargetFault) else
+                "error" if exc.exit_code == 3 else "input")
         return StageOutcome(stage=spec.stage, ok=False, failure=kind, error=str(exc),
                             exit_code=exc.exit_code, seconds=time.monotonic() - started)
     except (ImportError, importlib.metadata.PackageNotFoundError) as exc:

@@ -134,8 +134,13 @@ def _client(settings: tuple):
                           **kwargs)
 
 
+class NoSuchObject(InputError):
+    """The object, or the byte range asked for, is not there (callers may wait for it)."""
+
+
 def translate_error(exc: Exception, uri: str | S3Uri, client=None) -> InputError:
-    """An InputError (file = the URI, with a fix) for a boto3/botocore failure."""
+    """An InputError (file = the URI, with a fix) for a boto3/botocore failure: the one mapping
+    of S3 errors (the receiver's store checks use it too)."""
     import botocore.exceptions as bx
 
     where = str(uri)
@@ -158,7 +163,10 @@ def translate_error(exc: Exception, uri: str | S3Uri, client=None) -> InputError
             return InputError(f"bucket '{bucket}' does not exist at {endpoint}", file=where,
                               fix="correct the bucket name in the URI, or create the bucket")
         if code in ("NoSuchKey", "NotFound"):
-            return InputError("no such object", file=where, fix="check the key in the URI")
+            return NoSuchObject("no such object", file=where, fix="check the key in the URI")
+        if code in ("InvalidRange", "416"):  # e.g. the first bytes of an empty object
+            return NoSuchObject("the object holds no such byte range", file=where,
+                                fix="rerun once the upload has finished")
         if code == "404":  # a bare HTTP 404 with no S3 error document
             return InputError(f"{endpoint} answered HTTP 404 without an S3 error: not an S3 "
                               "endpoint, or no such bucket", file=where,
@@ -286,12 +294,14 @@ def _suggest(u: S3Uri, client) -> str:
 
 # --------------------------------------------------------------------------- reading
 
-def read_object(uri: str | S3Uri, *, client=None) -> bytes:
-    """Bytes of a whole object (S3Reader does the ranged reads)."""
+def read_object(uri: str | S3Uri, *, client=None, byte_range: str | None = None) -> bytes:
+    """Bytes of an object, or of byte_range ("bytes=0-65535"; S3Reader does a checkpoint's
+    ranged reads)."""
     u = parse_s3_uri(uri)
     client = client or s3_client()
     with _Guard(u, client):
-        return client.get_object(Bucket=u.bucket, Key=u.key)["Body"].read()
+        args = {"Range": byte_range} if byte_range else {}
+        return client.get_object(Bucket=u.bucket, Key=u.key, **args)["Body"].read()
 
 
 class S3Reader:
@@ -392,63 +402,20 @@ def put_object(uri: str | S3Uri, data: bytes | str | Path, *, client=None) -> Ob
     return head_object(u, client=client) or ObjectInfo(u.key, Path(data).stat().st_size, "")
 
 
-
-
 # --------------------------------------------------------------------------- results
 
-RESULTS_FOLDER = "day0-results"
-
-
-def _safe(part: str) -> str:
-    """A path segment from a revision or target name (no slashes, no surprises)."""
+def safe_segment(part: str) -> str:
+    """A path segment from a name, revision or target (no slashes, no '..', no surprises)."""
     import re
 
     return re.sub(r"[^A-Za-z0-9._=+-]", "-", str(part)).strip(".-") or "unnamed"
 
 
-def default_revision(source: str) -> str:
-    """12 hex digits of the weights digest (s3: names+ETags+sizes; local: file hashes), or
-    'latest' when the source cannot be read."""
-    from day0.errors import Day0Error
-
-    from day0.cache import weights_digest
-
-    try:
-        if is_s3(source) or Path(source).exists():
-            return weights_digest(source)[:12]
-    except Day0Error:
-        pass
-    return "latest"
-
-
-def results_location(results_uri: str | None, source: str, target_name: str,
-                     revision: str | None = None) -> str | None:
-    """Where day0.report.publish_to_store writes: ``<base>/<model>/<revision>/<target>/``.
-
-    base: results_uri, else $DAY0_RESULTS_URI, else ``s3://<source bucket>/day0-results`` for an
-    s3 source; None (nothing to publish) for a local source without either. model: the source's
-    key prefix (local: folder name); revision: the given one, else a short weights digest.
-    base may be a local folder too.
-    """
-    from day0.sources import model_name
-
-    base = results_uri or os.environ.get("DAY0_RESULTS_URI")
-    if not base:
-        if not is_s3(source):
-            return None
-        base = str(S3Uri(parse_s3_uri(source).bucket, RESULTS_FOLDER))
-    rev = _safe(revision) if revision else default_revision(source)
-    parts = [p for p in model_name(source).split("/") if p] + [rev, _safe(target_name)]
-    if is_s3(base):
-        u = parse_s3_uri(base)
-        return str(S3Uri(u.bucket, "/".join([u.key, *parts] if u.key else parts))) + "/"
-    return str(Path(base).joinpath(*parts)) + "/"
-
-
 def write_results(where: str, files: dict[str, bytes | str | Path], *, client=None) -> None:
-    """Write files under a results location (s3:// prefix or local folder ending in '/')."""
+    """Write files under a results location (s3:// prefix or local folder ending in '/'); where
+    they go is day0.identity's (results_location, publish_run)."""
     for name, content in files.items():
-        name = "/".join(_safe(p) for p in str(name).split("/") if p)
+        name = "/".join(safe_segment(p) for p in str(name).split("/") if p)
         if not isinstance(content, (bytes, bytearray)) and not Path(content).is_file():
             raise InputError("result file to publish does not exist", file=str(content),
                              fix="pass the report's bytes or an existing file")
@@ -461,7 +428,8 @@ def write_results(where: str, files: dict[str, bytes | str | Path], *, client=No
         write_atomic(dest, bytes(content) if isinstance(content, (bytes, bytearray))
                      else Path(content).read_bytes())
 
+
 __all__ = ["S3Uri", "ObjectInfo", "S3Reader", "is_s3", "parse_s3_uri", "s3_client",
-           "client_settings", "translate_error", "list_objects", "head_object",
+           "client_settings", "translate_error", "NoSuchObject", "list_objects", "head_object",
            "checkpoint_objects", "read_object", "put_object", "HEADER_PROBE_BYTES",
-           "results_location", "write_results", "default_revision", "RESULTS_FOLDER"]
+           "write_results", "safe_segment"]

@@ -111,6 +111,9 @@ class Target(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(description="Unique name, used as --target NAME.")
+    kind: Literal["torch"] = Field("torch", description=(
+        "What the target is, which decides the stages that apply to it (each stage declares "
+        "TARGET_KINDS; day0.stages): torch = the model runs in PyTorch on `device`."))
     device: str = Field(description="torch device type: cpu, cuda, xpu, mps, npu, ...")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         description="dtype the target runs the model in.")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from day0 import cache
+from day0.identity import cache_dir
 from day0.errors import StageError
 
 RESULTS_FOLDER = "flow-results"
@@ -21,7 +21,7 @@ RESULTS_FOLDER = "flow-results"
 def result_storage() -> Path:
     """The folder under day0's cache dir (Prefect makes it an unsaved LocalFileSystem, whose
     records carry absolute keys)."""
-    return cache.cache_dir().expanduser().resolve() / RESULTS_FOLDER
+    return cache_dir().expanduser().resolve() / RESULTS_FOLDER
 
 
 def read_report(flow_run) -> dict:

@@ -1,7 +1,9 @@
-"""The `validate` flow: analysis -> (scan || alignment) -> gates -> report.
+"""The `validate` flow: the registered stages in waves (day0.stages.plan), gates, report.
 
 Run it: ``day0 validate SOURCE --target cpu-bf16`` or, against a server,
-``prefect deployment run 'validate/...' -p source=... -p target=cpu-bf16``.
+``prefect deployment run 'validate/...' -p source=... -p target=cpu-bf16``. The parameters are
+day0.request.ValidateRequest's; the flow names no stage: each wave's stages run in parallel,
+a stage runs when what it requires (or runs after) succeeded on a sound checkpoint.
 """
 
 from __future__ import annotations
@@ -9,16 +11,14 @@ from __future__ import annotations
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
-from day0 import cache
 from day0 import gates as gating
+from day0 import identity, pipeline, stages as registry
 from day0 import report as reporting
 from day0.contract import StageInputs
 from day0.targets import REFERENCE, resolve_target
 from flows.results import result_storage
 from tasks.housekeeping import start_of_run
 from tasks.stages import publish_report_task, run_stage_task
-
-STAGE_ORDER = ("analysis", "scan", "alignment")
 
 
 def _run_name() -> str:
@@ -34,51 +34,52 @@ def _run_name() -> str:
       result_serializer="json", result_storage=result_storage())
 def validate(source: str, target: str | None = "cpu-bf16", target_file: str | None = None,
              gates: str | None = None, out: str | None = None,
-             stage_configs: dict[str, dict] | None = None, use_cache: bool = True,
-             trust_remote_code: bool = False, revision: str | None = None) -> dict:
+             stage_configs: dict[str, dict] | None = None, stages: list[str] | None = None,
+             use_cache: bool = True, trust_remote_code: bool = False, model: str | None = None,
+             revision: str | None = None) -> dict:
     """Validate the checkpoint at `source` on `target`; returns report.json as a dict.
 
-    revision names the release in the results path (s3:// sources or DAY0_RESULTS_URI:
-    <base>/<model>/<revision or weights digest>/<target>/, see day0.storage) and keys the
-    reference perplexity stored for later runs of the same model and revision (day0.sanity)."""
+    model and revision name the release (day0.identity: default the source's name and a digest
+    of its weights); every run is kept under <results>/<model>/<revision>/<target>/runs/<run>/
+    with latest.json naming the newest."""
     logger = get_run_logger()
     start_of_run(logger)  # own this run by pid; crash runs and sweep folders of dead processes
     target_profile = resolve_target(target, target_file)
     gate_file = gating.load_gates(gates)  # config errors stop the run before any stage
     configs = stage_configs or {}
+    pipeline.check_configs(configs)
+    waves = registry.plan(stages, target_profile.kind)
+    weights = identity.weights_key(source)  # once: every stage's cache key shares it
+    # an unreadable source is the stages' finding (exit 2 from the first), not a crashed flow
+    release = identity.resolve(source, model=model, revision=revision, weights=weights,
+                               strict=False)
     inputs = StageInputs(source=source, target=target_profile, reference=REFERENCE,
-                         trust_remote_code=trust_remote_code, revision=revision)
+                         trust_remote_code=trust_remote_code, revision=release.revision)
 
-    weights = cache.weights_key(source)  # once: every stage's cache key shares it
-    outcomes = {"analysis": run_stage_task("analysis", configs.get("analysis", {}), inputs,
-                                           use_cache, weights)}
-    header_broken = (outcomes["analysis"].result or {}).get("checkpoint_problems")
-    if outcomes["analysis"].ok and not header_broken:  # comparing broken weights tells nothing
-        downstream = inputs.model_copy(update={"upstream": {"analysis": outcomes["analysis"].result}})
-        futures = {name: run_stage_task.submit(name, configs.get(name, {}), downstream, use_cache,
-                                               weights)
-                   for name in ("scan", "alignment")}
-        outcomes.update({name: future.result() for name, future in futures.items()})
+    outcomes, skipped, facts = {}, {}, {}
+    for wave in waves:
+        futures = {}
+        for name in wave:
+            if reason := pipeline.blocked(name, outcomes, skipped):
+                skipped[name] = reason
+                continue
+            stage_inputs, required = pipeline.stage_inputs(name, inputs, outcomes)
+            futures[name] = run_stage_task.submit(
+                name, registry.get(name).locator, configs.get(name, {}), stage_inputs,
+                dict(facts), use_cache, weights, required)
+        for name, future in futures.items():
+            outcomes[name] = future.result()
+            facts.update(pipeline.facts_of(name, outcomes[name]))
 
-    failed = {name: o.error or "failed" for name, o in outcomes.items() if not o.ok}
-    missing = {name: f"stage {name} failed: {failed[name]}" for name in failed}
-    missing.update({name: "not run: " + ("the checkpoint is broken" if header_broken else
-                                         "analysis failed")
-                    for name in STAGE_ORDER if name not in outcomes})
-    metrics = {k: v for o in outcomes.values() for k, v in o.metrics.items()}
-    analysis = outcomes["analysis"].result or {}
-    results = gating.evaluate(gate_file, metrics, is_moe=bool(analysis.get("moe")),
-                              missing_reasons=missing, claim=target_profile.claim)
-    # a target that raised is a finding (its gates fail: FAIL); a stage that broke is ERROR
-    broken = {name: error for name, error in failed.items() if outcomes[name].failure != "target"}
-    # any stage may find the checkpoint itself broken: that is its own verdict, not the port's
-    checkpoint_problems = list(dict.fromkeys(
-        p for o in outcomes.values() if o.ok for p in (o.result or {}).get("checkpoint_problems", [])))
-    verdict = gating.verdict(results, broken, checkpoint_problems)
-    report = reporting.build(source=source, target=target_profile, reference=REFERENCE,
-                             outcomes=outcomes, gate_results=results, verdict=verdict,
-                             checkpoint_problems=checkpoint_problems)
+    concluded = pipeline.conclude(gate_file, target_profile, outcomes, skipped, facts)
+    run_id = identity.new_run_id(str(flow_run.id) if flow_run.id else None)
+    report = reporting.build(
+        source=source, target=target_profile, reference=REFERENCE, outcomes=outcomes,
+        gate_results=concluded.gate_results, verdict=concluded.verdict, facts=facts,
+        checkpoint_problems=concluded.checkpoint_problems,
+        identity={"model": release.model, "revision": release.revision,
+                  "weights_digest": release.weights_digest, "run_id": run_id})
     report_json = report.model_dump(mode="json")
-    report_json["results_uri"] = publish_report_task(report_json, out, outcomes, revision)
-    logger.info("verdict %s for %s on %s", verdict, source, target_profile.label)
+    report_json["results_uri"] = publish_report_task(report_json, out, outcomes)
+    logger.info("verdict %s for %s on %s", concluded.verdict, source, target_profile.label)
     return report_json

@@ -5,7 +5,7 @@
 #      ${XDG_CACHE_HOME:-~/.cache}/day0/docker/ so a wiped engine re-imports instead of re-bootstrapping.
 #   2. build/wheelhouse/ - wheels of day0's dependencies (CPU torch 2.13.0 only), resolved by pip
 #      inside the base image (its Python decides environment markers), with the host's pip cache and
-#      find-links mounted. Skipped while pyproject.toml and the base image are unchanged.
+#      find-links mounted. Skipped while the dependencies and the base image are unchanged.
 #   3. day0:local - `docker build` of the project Dockerfile from the wheelhouse (no index).
 # Needs a running engine: scripts/docker_engine.sh (`make docker-engine`).
 #
@@ -84,7 +84,9 @@ step_end "base image ($BASE)"
 # ---- 2. wheelhouse ---------------------------------------------------------------------------
 step_start
 base_id=$(docker image inspect --format '{{.Id}}' "$BASE")
-stamp_key=$( { cat pyproject.toml; echo "$TORCH_PIN $base_id"; } | sha256sum | cut -c1-16)
+# keyed on the runtime dependencies only: test extras and tool settings do not enter the image
+deps=$(python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"])')
+stamp_key=$( { echo "$deps"; echo "$TORCH_PIN $base_id"; } | sha256sum | cut -c1-16)
 stamp=build/wheelhouse.stamp
 if [ "${FORCE_WHEELHOUSE:-0}" != 1 ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$stamp_key" ] \
    && ls "$WHEELS"/torch-*.whl >/dev/null 2>&1; then

@@ -14,18 +14,22 @@ from day0.stage import StageOutcome, StageSpec
 # never persisted: the flow persists its results, which would pickle task results too; stage
 # outcomes are cached by day0.cache as JSON
 @task(name="stage", task_run_name="{stage}", cache_policy=NO_CACHE, persist_result=False)
-def run_stage_task(stage: str, config: dict, inputs: StageInputs, use_cache: bool = True,
-                   weights: str | None = None) -> StageOutcome:
+def run_stage_task(stage: str, locator: str, config: dict, inputs: StageInputs,
+                   facts: dict | None = None, use_cache: bool = True, weights: str | None = None,
+                   required: dict[str, str] | None = None) -> StageOutcome:
     """Run `stage` with the target's runner (subprocess, container or stage deployment), bounded
-    by the target's concurrency; a crash becomes a failed outcome, never a crashed flow."""
+    by the target's concurrency; a crash becomes a failed outcome, never a crashed flow.
+    required: cache keys of the stages whose results it reads (inputs.upstream)."""
     logger = get_run_logger()
-    spec = StageSpec(stage=stage, config=config, inputs=inputs)
-    key = cache.stage_key(spec, weights)
+    spec = StageSpec(stage=stage, locator=locator, config=config, inputs=inputs,
+                     facts=facts or {})
+    key = cache.stage_key(spec, weights, required)
     if use_cache and (hit := cache.load(key)) is not None:
         logger.info("stage %s: cache hit %s (weights, target, config and code unchanged)",
                     stage, key[:12])
-        return hit
+        return hit.model_copy(update={"cache_key": key})
     outcome = run_on_target(spec, inputs.target, log=lambda line: logger.info("[%s] %s", stage, line))
+    outcome = outcome.model_copy(update={"cache_key": key})
     if outcome.ok:
         cache.store(key, outcome)
         logger.info("stage %s finished in %.1f s (%s)", stage, outcome.seconds, outcome.ran_in)
@@ -36,8 +40,7 @@ def run_stage_task(stage: str, config: dict, inputs: StageInputs, use_cache: boo
 
 @task(name="publish-report", cache_policy=NO_CACHE, persist_result=False)
 def publish_report_task(report_json: dict, out: str | None,
-                        outcomes: dict[str, StageOutcome] | None = None,
-                        revision: str | None = None) -> str | None:
+                        outcomes: dict[str, StageOutcome] | None = None) -> str | None:
     """Report as Prefect artifacts (markdown, gate and layer tables), with out as files, and on
     the object store (s3:// source or DAY0_RESULTS_URI); returns the results URI or None."""
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -45,14 +48,13 @@ def publish_report_task(report_json: dict, out: str | None,
     from day0 import report as reporting
 
     report = reporting.Report.model_validate(report_json)
-    results_uri = reporting.publish_to_store(report, outcomes, revision, get_run_logger())
+    results_uri = reporting.publish_to_store(report, outcomes, get_run_logger())
     create_markdown_artifact(key="day0-report", markdown=reporting.to_markdown(report),
                              description=f"day0 {report.verdict}: {report.target.label}")
     create_table_artifact(key="day0-gates", table=reporting.gate_rows(report),
                           description="Release gates: observed vs threshold")
-    if report.alignment.get("layers"):
-        create_table_artifact(key="day0-layers", table=reporting.layer_rows(report),
-                              description="Per-layer relative error, target vs reference")
+    for key, (description, rows) in reporting.stage_tables(report).items():
+        create_table_artifact(key=key, table=rows, description=description)
     if out:
         json_path, md_path = reporting.write(report, out)
         get_run_logger().info("report written to %s and %s", json_path, md_path)

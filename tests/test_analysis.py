@@ -1,4 +1,4 @@
-"""day0.analysis against published figures of real models, unseen configs and real tiny checkpoints.
+"""day0.stages.analysis against published figures of real models, unseen configs and real tiny checkpoints.
 
 Published figures (facts, not outputs of this code):
 * Llama-3.1-8B: 8,030,261,248 parameters (tensor sum of the released checkpoint), dense.
@@ -19,14 +19,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from day0 import analysis
-from day0.analysis_plan import GIB, make_plan
+from day0 import stages
+from day0.stages import analysis
+from day0.stages.analysis.plan import GIB, make_plan
 from day0.contract import StageInputs
 from day0.errors import CheckpointError, InputError
 from day0.targets import Target, resolve_target
 
 CONFIGS = Path(__file__).resolve().parent / "fixtures" / "configs"
-METRICS_YAML = Path(analysis.__file__).parent / "data" / "metrics" / "analysis.yaml"
+METRICS_YAML = stages.get("analysis").metrics_file
 
 
 def analyze(source, target: Target | None = None, **config) -> analysis.Result:

@@ -8,7 +8,8 @@ import yaml
 
 from day0 import budget
 from day0.contract import StageInputs
-from day0.stage import STAGES, StageSpec, run_stage
+from day0.stage import StageSpec, run_stage
+from day0.stages import BUILTIN
 from day0.targets import resolve_target
 from tests.conftest import MODELS
 
@@ -30,7 +31,7 @@ def tiny_factors(tmp_path, fixed_gib=0.01, fixed_s=600):
 
 
 def test_every_stage_has_factors():
-    assert set(budget.load_factors().stages) == set(STAGES)
+    assert set(budget.load_factors().stages) == set(BUILTIN)
 
 
 def test_derived_default_follows_size_and_dtypes():
@@ -75,8 +76,8 @@ def test_explicit_target_limits_win(tmp_path):
 def test_exceeding_a_derived_budget_is_an_oom_error_naming_it(tmp_path, monkeypatch):
     monkeypatch.setenv(budget.BUDGETS_ENV, str(tiny_factors(tmp_path)))
     spec = StageSpec(stage="alignment", inputs=StageInputs(
-        source=str(MODELS / "tiny-llama"), target=cpu_bf16(),
-        upstream={"analysis": {"params": {"total": 1_345_000}}}))
+        source=str(MODELS / "tiny-llama"), target=cpu_bf16()),
+        facts={"params": {"total": 1_345_000}})
     outcome = run_stage(spec)
     assert not outcome.ok and outcome.failure == "oom"
     assert outcome.error.startswith("stage alignment exceeded its memory budget of ")
@@ -135,9 +136,10 @@ def test_alignment_budget_covers_the_context_of_a_real_model():
     # the scan and analysis do not hold the context
     assert budget.derive("scan", cpu_bf16(), SMOLLM2, shape=shape).memory_gib == \
         budget.derive("scan", cpu_bf16(), SMOLLM2).memory_gib
-    analysis = {"analysis": {"num_layers": 30, "hidden_size": 576, "vocab_size": 49152,
-                             "max_context": 8192, "params": {"total": SMOLLM2}}}
-    assert budget.shape_of(analysis) == shape and budget.shape_of({}) is None
+    facts = {"num_layers": 30, "hidden_size": 576, "vocab_size": 49152, "max_context": 8192,
+             "params": {"total": SMOLLM2}}
+    assert budget.shape_of(facts) == shape and budget.shape_of({}) is None
+    assert budget.params_of(facts) == SMOLLM2
 
 
 def test_stage_config_context_settings_move_the_budget():

@@ -217,7 +217,8 @@ def test_compose_stack_validates_an_upload_and_keeps_history_across_restart(stac
     assert final["state"]["type"] == "COMPLETED", f"{final['state']}\n{stack.logs(80)}"
     target = final["parameters"]["target"]
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="day0-results/").get("Contents", [])]
-    report_key = next((k for k in keys if k.endswith(f"/{target}/report.json")), None)
+    report_key = next((k for k in keys if f"/{target}/runs/" in k and k.endswith("/report.json")),
+                      None)
     assert report_key, keys
     report = json.loads(s3.get_object(Bucket=BUCKET, Key=report_key)["Body"].read())
     errors = {name: stage.get("error") for name, stage in report.get("stages", {}).items()

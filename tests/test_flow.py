@@ -55,7 +55,7 @@ def test_noop_plugin_passes_and_publishes_artifacts(prefect_server, tmp_path, mo
     assert on_disk["verdict"] == "PASS" and (tmp_path / "out" / "report.md").is_file()
     for gate in on_disk["gates"]:
         assert {"id", "metric", "observed", "threshold", "passed", "severity", "reason"} <= set(gate)
-    assert "first_divergent_layer" in on_disk["alignment"]
+    assert "first_divergent_layer" in on_disk["evidence"]["alignment"]
 
 
 def test_repeat_reuses_every_stage(prefect_server, tmp_path):
@@ -70,7 +70,7 @@ def test_perturbed_layer_fails_and_is_localized(prefect_server, tmp_path):
     report, _ = run_flow(MODELS / "tiny-llama", target_file(tmp_path, "perturb_layer.py"))
     assert report["verdict"] == "FAIL"
     assert "layers-aligned" in failing(report)
-    assert report["alignment"]["first_divergent_layer"] == 2
+    assert report["evidence"]["alignment"]["first_divergent_layer"] == 2
 
 
 def test_far_position_corruption_is_caught(prefect_server, tmp_path):
@@ -171,6 +171,6 @@ def test_swapped_tensors_edited_in_place_rerun_and_are_broken(prefect_server, tm
 def test_target_missing_a_kernel_fails_not_errors(prefect_server, tmp_path):
     report, _ = run_flow(MODELS / "tiny-llama", target_file(tmp_path, "raise_on_op.py"))
     assert report["verdict"] == "FAIL"
-    assert "op-coverage" in failing(report) and "aten.mm" in " ".join(report["scan"]["uncovered"])
+    assert "op-coverage" in failing(report) and "aten.mm" in " ".join(report["evidence"]["scan"]["uncovered"])
     assert report["stages"]["alignment"]["failure"] == "target"
     assert any("NotImplementedError" in e for e in report["errors"])

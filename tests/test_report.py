@@ -26,7 +26,7 @@ def test_report_json_keeps_nan_and_names_failed_stage(tmp_path):
     json_path, md_path = write(report, tmp_path)
     doc = json.loads(json_path.read_text())  # strict JSON: no bare NaN tokens
     assert doc["verdict"] == "ERROR" and doc["gates"][0]["observed"] == "NaN"
-    assert doc["alignment"]["first_divergent_layer"] == 2
+    assert doc["evidence"]["alignment"]["first_divergent_layer"] == 2
     assert doc["errors"] == ["stage scan: stage 'scan' was killed by SIGKILL"]
     assert Report.model_validate(doc).exit_code == 3
     assert "first divergent layer: 2" in md_path.read_text()

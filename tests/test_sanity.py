@@ -8,7 +8,8 @@ import struct
 
 import pytest
 
-from day0 import analysis, sanity
+from day0 import sanity
+from day0.stages import analysis
 from day0.contract import StageInputs
 from day0.targets import resolve_target
 from tests import breakers

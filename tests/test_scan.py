@@ -12,7 +12,8 @@ import pytest
 import torch
 import yaml
 
-from day0 import scan
+from day0 import stages
+from day0.stages import scan
 from day0.contract import StageInputs
 from day0.errors import ConfigError
 from day0.targets import Target
@@ -69,7 +70,7 @@ def failing_kernel():
 def test_deepseek_v3_full_size_scan_in_subprocess():
     """671B parameters on meta: MoE and matmul ops found, cpu/float32 probe (time and memory:
     bench/bench_scan.py)."""
-    code = ("import json, sys; from day0 import scan; from day0.contract import StageInputs; "
+    code = ("import json, sys; from day0.stages import scan; from day0.contract import StageInputs; "
             "from day0.targets import Target; "
             "r = scan.run(scan.Config(), StageInputs(source=sys.argv[1], target=Target("
             "name='cpu-fp32', device='cpu', dtype='float32'))); print(r.model_dump_json())")
@@ -103,7 +104,7 @@ def test_small_llama_scan_and_metrics(tmp_path):
     assert "bfloat16" in ops["aten.mm.default"].dtypes
     assert ops["aten.mm.default"].module == "LlamaAttention"   # q_proj runs first
     assert result.long_tail == [] and result.coverage == 1.0
-    declared = yaml.safe_load((Path(scan.__file__).parent / "data" / "metrics" / "scan.yaml")
+    declared = yaml.safe_load((stages.get("scan").metrics_file)
                               .read_text())["metrics"]
     assert set(result.metrics()) == set(declared)
     assert all(isinstance(v, float) for v in result.metrics().values())
@@ -211,11 +212,11 @@ def test_bad_op_manifest_names_the_file(tmp_path):
 
 
 def test_unusable_device_is_a_clear_error(tmp_path):
-    from day0.errors import StageError
+    from day0.errors import TargetFault
 
     if torch.cuda.is_available():
         pytest.skip("a CUDA device exists here")
-    with pytest.raises(StageError, match="cuda"):
+    with pytest.raises(TargetFault, match="cuda"):
         scan_of(tiny_llama(tmp_path), target=Target(name="gpu", device="cuda", dtype="bfloat16"))
 
 

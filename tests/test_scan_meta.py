@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from day0.scan_meta import SHADOW, MetaScanRecorder
+from day0.stages.scan.meta import SHADOW, MetaScanRecorder
 
 
 def shadowed(values: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from day0.scan_probe import ProbeAborted, ProbeRecorder, cpu_fallback, shrink_config
+from day0.stages.scan.probe import ProbeAborted, ProbeRecorder, cpu_fallback
+from day0.torchkit.shrink import shrink_config
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 aten = torch.ops.aten
@@ -17,7 +18,8 @@ aten = torch.ops.aten
 def test_shrink_keeps_every_layer_kind():
     from transformers import GptOssConfig
 
-    from day0.modeling import read_config_dict, resolve_config
+    from day0.checkpoint_io import read_config_dict
+    from day0.modeling import resolve_config
 
     deepseek = resolve_config(read_config_dict(CONFIGS / "DeepSeek-V3.json")).config
     small = shrink_config(deepseek, hidden=64, heads=4, intermediate=128, vocab=256, max_layers=8)

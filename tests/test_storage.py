@@ -13,7 +13,8 @@ import uuid
 
 import pytest
 
-from day0 import analysis, cache, sources, storage
+from day0 import cache, identity, sources, storage
+from day0.stages import analysis
 from day0.checkpoint import read_checkpoint
 from day0.contract import StageInputs
 from day0.errors import CheckpointError, InputError
@@ -190,7 +191,7 @@ def test_stage_cache_key_uses_etags_without_download(s3):
     # another copy of the same objects elsewhere has the same weights digest
     other = s3.upload(prefix=s3.prefix + "-copy")
     s3.put("generation_config.json", b"{}", prefix=s3.prefix + "-copy")
-    assert cache.weights_digest(other) == cache.weights_digest(uri)
+    assert identity.weights_digest(other) == identity.weights_digest(uri)
 
 
 @pytest.mark.integration
@@ -208,8 +209,8 @@ def test_alignment_stage_on_s3_matches_local(s3):
 # --------------------------------------------------------------------------- results
 
 def publish(results_uri, source, target_name, files, revision=None):
-    """What day0.report.publish_to_store does with the files of a report."""
-    where = storage.results_location(results_uri, source, target_name, revision)
+    """The files of a report at the results location (day0.identity; runs go below it)."""
+    where = identity.results_location(results_uri, source, target_name, revision)
     if where is not None:
         storage.write_results(where, files)
     return where
@@ -221,7 +222,7 @@ def test_publish_results_default_and_overrides(s3, monkeypatch, tmp_path):
     files = {"report.json": b'{"verdict": "PASS"}', "report.md": b"# PASS",
              "stages/analysis.json": b"{}"}
     where = publish(None, uri, "cpu-bf16", files)
-    digest = sources.weights_digest(uri)[:12]
+    digest = identity.resolve(uri).revision
     assert where == f"s3://models/day0-results/{s3.prefix}/{digest}/cpu-bf16/"
     client = s3.server.client()
     base = where[len("s3://models/"):]
@@ -365,10 +366,14 @@ def test_flow_publish_step_writes_report_and_stages(s3):
     target = resolve_target("cpu-bf16")
     outcomes = {"analysis": execute(StageSpec(stage="analysis", inputs=_inputs(uri)))}
     assert outcomes["analysis"].ok, outcomes["analysis"].error
+    run_id = identity.new_run_id()
     report = reporting.build(source=uri, target=target, reference=REFERENCE, outcomes=outcomes,
-                             gate_results=[], verdict="PASS")
-    where = publish_to_store(report, outcomes, revision="rev1")
-    assert where == report.results_uri == f"s3://models/day0-results/{s3.prefix}/rev1/cpu-bf16/"
+                             gate_results=[], verdict="PASS",
+                             identity={"model": s3.prefix, "revision": "rev1", "run_id": run_id})
+    where = publish_to_store(report, outcomes)
+    folder = f"s3://models/day0-results/{s3.prefix}/rev1/cpu-bf16/"
+    assert where == report.results_uri == f"{folder}runs/{run_id}/"
+    assert identity.read_latest(source=uri, target_name="cpu-bf16", revision="rev1")["uri"] == where
     client, base = s3.server.client(), where[len("s3://models/"):]
     stored = json.loads(client.get_object(Bucket="models", Key=base + "report.json")["Body"].read())
     assert stored["results_uri"] == where and stored["verdict"] == "PASS"

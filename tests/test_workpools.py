@@ -333,7 +333,7 @@ def test_docker_worker_runs_stages_in_containers(pools, docker_client, tmp_path,
         assert stage["ok"] and stage["ran_in"].startswith("deployment:day0-stage/docker:"), stage
         assert reference["stages"][name]["ran_in"] == "process"
     assert report["metrics"] == reference["metrics"]
-    assert report["alignment"]["first_divergent_layer"] == reference["alignment"]["first_divergent_layer"]
+    assert report["evidence"]["alignment"]["first_divergent_layer"] == reference["evidence"]["alignment"]["first_divergent_layer"]
 
     # each stage was a Completed flow run of the deployment, in a container of day0:local that
     # the worker started (Docker's own event log), and it said so from inside

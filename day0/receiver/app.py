@@ -3,20 +3,24 @@
 Order of work for every POST: authenticate what can be authenticated from the headers -> refuse
 bodies over max_body_bytes (413, before reading more) -> verify body signatures -> bound the JSON
 (413 over limits.max_json_keys) -> parse JSON (400) -> validate the schema and every name (422)
--> write the journal durably -> answer 2xx -> wake the worker. Bad input is always a 4xx with
-{"detail": reason}; 5xx only means the receiver itself is in trouble (journal unwritable: 503,
-SNS confirmation call failed: 502). A client that goes away mid-request costs one log line.
+-> name the release (a signed release without a revision gets the one a manual run of its
+s3:// source computes, day0.identity, asked of the store on the check pool within
+checks.timeout_s) -> write the journal durably -> answer 2xx -> wake the worker. Bad input is
+always a 4xx with {"detail": reason} (409: a release without a revision whose source holds no
+complete checkpoint yet); 5xx only means the receiver or what it depends on is in trouble
+(journal unwritable or store unable to name a release: 503 with Retry-After, SNS confirmation
+call failed: 502). A client that goes away mid-request costs one log line.
 Connection-level limits (read deadlines, CL+TE, connection cap) are in day0.receiver.server.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import fnmatch
 import ipaddress
 import logging
 import posixpath
-import sqlite3
 import time
 from contextlib import asynccontextmanager
 from typing import Any
@@ -26,30 +30,23 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
+from day0.errors import (AuthError, BadRequest, ClientGone, JournalError, ReceiverError,
+                         StoreError, TooLarge, Unavailable)
 from day0.receiver import auth
-from day0.receiver.auth import AuthError
 from day0.receiver.checks import CheckRunner
-from day0.receiver.completeness import Checker, StoreError, make_client, model_of, relevant
-from day0.receiver.events import (BadRequest, ObjectEvent, Release, parse_hf, parse_json,
-                                  parse_release, parse_s3, parse_seaweedfs)
+from day0.receiver.completeness import Checker, make_client, model_of, relevant
+from day0.receiver.events import (ObjectEvent, Release, parse_hf, parse_json, parse_release,
+                                  parse_s3, parse_seaweedfs)
 from day0.receiver.journal import Journal, ReleaseRow
 from day0.receiver.safety import EscapeFilter
 from day0.receiver.server import FramingGuard, uvicorn_config
 from day0.receiver.settings import ReceiverSettings, secret
 from day0.receiver.submit import Worker, watch
+from day0.storage import is_s3, parse_s3_uri
 
 log = logging.getLogger("day0.receiver")
 log.addFilter(EscapeFilter())  # keys, names and store errors come from outside
 DRAIN_FACTOR = 4
-
-
-class TooLarge(Exception):
-    pass
-
-
-class ClientGone(Exception):
-    """The client closed the connection (or missed the body deadline) before its body ended."""
-
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The body, or TooLarge once Content-Length or the bytes read pass `limit`.
@@ -63,19 +60,19 @@ async def read_body(request: Request, limit: int) -> bytes:
         if not declared.isdigit():
             raise BadRequest(400, "invalid Content-Length")
         if int(declared) > limit * DRAIN_FACTOR:
-            raise TooLarge()
+            raise TooLarge(f"body larger than {limit} bytes")
     chunks, total = [], 0
     try:
         async for chunk in request.stream():
             total += len(chunk)
             if total > limit * DRAIN_FACTOR:
-                raise TooLarge()
+                raise TooLarge(f"body larger than {limit} bytes")
             if total <= limit:
                 chunks.append(chunk)
     except ClientDisconnect:
-        raise ClientGone() from None
+        raise ClientGone("incomplete body") from None
     if total > limit:
-        raise TooLarge()
+        raise TooLarge(f"body larger than {limit} bytes")
     return b"".join(chunks)
 
 
@@ -115,6 +112,7 @@ class Receiver:
             if unknown:
                 raise BadRequest(422, f"targets: unknown target(s) {unknown}; allowed: "
                                       f"{sorted(self.targets_allowed)}")
+            rel = await self.named(rel)
             rows += [ReleaseRow(model=rel.model, revision=rel.revision, target=t, source=rel.source,
                                 origin=rel.origin) for t in targets]
         fresh = await asyncio.to_thread(self.journal.accept, rows)
@@ -125,6 +123,36 @@ class Receiver:
         if any(fresh):
             return _reply(202, status="accepted", releases=listed)
         return _reply(200, status="duplicate", releases=listed)
+
+    async def named(self, rel: Release) -> Release:
+        """rel with a revision: one that gives none gets the listing revision of its s3://
+        source (day0.identity: what `day0 validate` of that source names it), from a
+        completeness check on the check pool that journals nothing."""
+        if rel.revision is not None:
+            return rel
+        if not is_s3(rel.source):
+            raise BadRequest(422, "revision: required for a folder source (only an s3:// "
+                                  "source is named from its listing)")
+        u = parse_s3_uri(rel.source)
+        fut = self.runner.lookup(u.bucket, u.key)
+        if fut is None:
+            raise Unavailable("store checks queue full")
+        timeout = self.settings.checks.timeout_s
+        done, _ = await asyncio.wait([watch(fut)], timeout=timeout)
+        if not done:
+            self.runner.timed_out(u.bucket, u.key)
+            raise Unavailable(f"store check took longer than {timeout:g} s")
+        exc = StoreError("check cancelled") if fut.cancelled() else fut.exception()
+        if exc is not None:
+            if not isinstance(exc, StoreError):
+                log.error("naming %s failed: %s: %s", rel.source, type(exc).__name__, exc)
+            raise Unavailable(f"cannot read the store: {str(exc) or type(exc).__name__}")
+        result = fut.result()
+        if not result.complete:
+            raise BadRequest(409, f"source {rel.source[:200]!r} holds no complete checkpoint "
+                                  f"yet ({result.detail}): announce it once uploaded, or give "
+                                  "its revision")
+        return dataclasses.replace(rel, revision=result.revision)
 
     # ---- object-store events -------------------------------------------------------------
 
@@ -271,32 +299,17 @@ def create_app(settings: ReceiverSettings, client_factory=None) -> FastAPI:
     secrets = settings.secrets
     limit, max_keys = settings.max_body_bytes, settings.limits.max_json_keys
 
-    @app.exception_handler(BadRequest)
-    async def _bad(request, exc: BadRequest):
-        return _reply(exc.status, detail=exc.reason)
-
-    @app.exception_handler(AuthError)
-    async def _unauth(request, exc: AuthError):
-        return JSONResponse({"detail": str(exc)}, status_code=401,
-                            headers={"WWW-Authenticate": "Bearer"})
-
-    @app.exception_handler(TooLarge)
-    async def _large(request, exc):
-        return JSONResponse({"detail": f"body larger than {limit} bytes"}, status_code=413,
-                            headers={"Connection": "close"})
-
-    @app.exception_handler(ClientGone)
-    async def _gone(request, exc):
-        client = request.client
-        log.info("client %s went away before sending its whole body (%s %s); nothing recorded",
-                 f"{client.host}:{client.port}" if client else "?", request.method, request.url.path)
-        return _reply(400, detail="incomplete body")  # nobody is left to read it
-
-    @app.exception_handler(sqlite3.Error)
-    async def _journal(request, exc):
-        log.error("journal write failed: %s", exc)
-        return JSONResponse({"detail": "journal unavailable, retry later"}, status_code=503,
-                            headers={"Retry-After": "5"})
+    @app.exception_handler(ReceiverError)  # the whole tree (day0.errors): status, reason, headers
+    async def _refused(request, exc: ReceiverError):
+        if isinstance(exc, ClientGone):  # nobody is left to read the answer
+            client = request.client
+            log.info("client %s went away before sending its whole body (%s %s); nothing "
+                     "recorded", f"{client.host}:{client.port}" if client else "?",
+                     request.method, request.url.path)
+        if isinstance(exc, JournalError):
+            log.error("journal write failed: %s", exc.__cause__ or exc)
+        detail = f"retry later: {exc.reason}" if isinstance(exc, Unavailable) else exc.reason
+        return JSONResponse({"detail": detail}, status_code=exc.status, headers=exc.headers)
 
     def receiver(request: Request) -> Receiver:
         return request.app.state.receiver

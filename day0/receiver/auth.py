@@ -13,13 +13,11 @@ import hmac
 import time
 from collections.abc import Mapping
 
+from day0.errors import AuthError  # 401, in day0.errors' tree; imported from here too
+
 TIMESTAMP_HEADER = "X-Day0-Timestamp"
 SIGNATURE_HEADER = "X-Day0-Signature"
 HF_SECRET_HEADER = "X-Webhook-Secret"
-
-
-class AuthError(Exception):
-    """The request is not authenticated; the message is safe to return to the sender."""
 
 
 def _equal(given: bytes, expected: bytes) -> bool:

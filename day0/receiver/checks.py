@@ -52,15 +52,16 @@ class StoreHealth:
 
 
 class CheckRunner:
-    """Runs Checker.ensure_checked on a bounded pool; one check in flight per prefix."""
+    """Runs Checker.ensure_checked (and Checker.check, for a release that names no revision) on
+    a bounded pool; one of each in flight per prefix."""
 
     def __init__(self, checker: Checker, cfg: CheckSettings):
         self.checker, self.cfg = checker, cfg
         self.health = StoreHealth(cfg.timeout_s)
         self._pool = ThreadPoolExecutor(max_workers=cfg.concurrency, thread_name_prefix="day0-check")
         self._lock = threading.Lock()
-        self._inflight: dict[tuple[str, str], Future] = {}
-        self._started: dict[tuple[str, str], float] = {}
+        self._inflight: dict[tuple, Future] = {}
+        self._started: dict[tuple, float] = {}
         self._listeners: list[Callable[[], None]] = []
 
     def on_done(self, callback: Callable[[], None]) -> None:
@@ -82,24 +83,31 @@ class CheckRunner:
         A check already in flight may not cover `generation`; the journal then still shows the
         prefix as due and the worker checks it again.
         """
-        key = (bucket, prefix)
+        return self._start((bucket, prefix), self.checker.ensure_checked, bucket, prefix, generation)
+
+    def lookup(self, bucket: str, prefix: str) -> Future | None:
+        """A check of (bucket, prefix) that journals nothing (its CheckResult: the revision of
+        a release announced without one), shared by concurrent callers; None when full."""
+        return self._start(("lookup", bucket, prefix), self.checker.check, bucket, prefix)
+
+    def _start(self, key: tuple, fn: Callable, *args) -> Future | None:
         with self._lock:
             fut = self._inflight.get(key)
             if fut is not None:
                 return fut
             if len(self._inflight) >= self.cfg.concurrency + self.cfg.queue:
                 return None
-            fut = self._pool.submit(self._run, key, generation)
+            fut = self._pool.submit(self._run, key, fn, *args)
             self._inflight[key] = fut
         fut.add_done_callback(lambda f, key=key: self._finished(key, f))
         return fut
 
-    def _run(self, key: tuple[str, str], generation: int):
+    def _run(self, key: tuple, fn: Callable, *args):
         with self._lock:
             self._started[key] = time.monotonic()
-        return self.checker.ensure_checked(key[0], key[1], generation)
+        return fn(*args)
 
-    def _finished(self, key: tuple[str, str], fut: Future) -> None:
+    def _finished(self, key: tuple, fut: Future) -> None:
         with self._lock:
             self._inflight.pop(key, None)
             self._started.pop(key, None)

@@ -4,34 +4,32 @@ Object-store events arrive one per file and in any order, so an event only says 
 A prefix is complete when config.json, model.safetensors.index.json (or a single
 model.safetensors), every shard the index names and any extra required file are present, and
 each shard's size equals 8 + header length + end of its last tensor (read with one ranged GET;
-verified shards are remembered by ETag). The revision of a complete checkpoint is a digest of
-the names, ETags and sizes of those files, so re-uploading identical files is the same release
-and changing any shard is a new one.
+verified shards are remembered by ETag). The model and revision of a complete checkpoint are
+day0.identity's, from the same listing: the key prefix without the bucket, and the listing
+revision of the prefix's objects (names, ETags, sizes) - exactly what a manual run of
+s3://bucket/prefix computes - so re-uploading identical files is the same release and changing
+any file is a new one.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import json
 import posixpath
-import struct
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from day0 import identity
+from day0.errors import InputError, StoreError
 from day0.receiver.journal import Journal, PrefixState, ReleaseRow
 from day0.receiver.settings import CheckpointSettings, S3Settings
-from day0.storage import HEADER_PROBE_BYTES, S3Uri
+from day0.safetensors_header import expected_size, header_length, parse_header
+from day0.storage import HEADER_PROBE_BYTES, NoSuchObject, ObjectInfo, S3Uri
 
 CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
-MAX_HEADER = 100 << 20
-
-
-class StoreError(Exception):
-    """The store could not be read (down, denied, throttled); the check is retried later."""
 
 
 @dataclass
@@ -73,8 +71,8 @@ def make_client(cfg: S3Settings):
 
 
 def model_of(bucket: str, prefix: str) -> str:
-    """The model name of a checkpoint prefix: 'bucket/prefix' (the idempotency key's model)."""
-    return f"{bucket}/{prefix}" if prefix else bucket
+    """The model name of a checkpoint prefix (day0.identity: the prefix without the bucket)."""
+    return identity.model_name(str(S3Uri(bucket, prefix)))
 
 
 def relevant(bucket: str, key: str, rules: CheckpointSettings) -> bool:
@@ -88,41 +86,32 @@ def relevant(bucket: str, key: str, rules: CheckpointSettings) -> bool:
 def _expected_size(client, bucket: str, key: str) -> int:
     """8 + header length + largest tensor end offset, from one (rarely two) ranged GETs."""
     head = _get(client, bucket, key, f"bytes=0-{HEADER_PROBE_BYTES - 1}")
-    if len(head) < 8:
-        raise ValueError("shorter than 8 bytes")
-    (n,) = struct.unpack("<Q", head[:8])
-    if n > MAX_HEADER:
-        raise ValueError(f"header length {n} is implausible")
+    n = header_length(head)  # the same parser and limit as analysis (day0.safetensors_header)
     raw = head[8:8 + n] if len(head) >= 8 + n else _get(client, bucket, key, f"bytes=8-{7 + n}")
     if len(raw) < n:
         raise ValueError("header is truncated")
-    header = json.loads(raw)
-    ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
-    return 8 + n + max(ends, default=0)
+    return expected_size(n, parse_header(raw))
 
 
 def _get(client, bucket: str, key: str, byte_range: str | None = None) -> bytes:
-    from botocore.exceptions import BotoCoreError, ClientError
+    """An object's bytes; FileNotFoundError when it (or the range) is not there, StoreError
+    when the store cannot answer (S3 errors mapped by day0.storage, as everywhere)."""
+    from day0.storage import read_object
 
     try:
-        kwargs = {"Range": byte_range} if byte_range else {}
-        return client.get_object(Bucket=bucket, Key=key, **kwargs)["Body"].read()
-    except ClientError as exc:
-        code = exc.response.get("Error", {}).get("Code", "")
-        if code in ("NoSuchKey", "404", "InvalidRange", "416"):
-            raise FileNotFoundError(key) from None
-        raise StoreError(f"s3://{bucket}/{key}: {code or exc}") from None
-    except BotoCoreError as exc:
-        raise StoreError(f"s3://{bucket}/{key}: {exc}") from None
+        return read_object(S3Uri(bucket, key), client=client, byte_range=byte_range)
+    except NoSuchObject:
+        raise FileNotFoundError(key) from None
+    except InputError as exc:  # down, denied, throttled: look again later
+        raise StoreError(str(exc)) from None
 
 
-def _list(client, bucket: str, prefix: str) -> dict[str, tuple[int, str]]:
-    """name -> (size, etag) of the objects directly under prefix."""
-    from day0.errors import InputError
+def _list(client, bucket: str, prefix: str) -> dict[str, ObjectInfo]:
+    """The objects directly under prefix, by name."""
     from day0.storage import list_objects
 
     try:
-        return {n: (o.size, o.etag) for n, o in list_objects(S3Uri(bucket, prefix), client=client).items()}
+        return list_objects(S3Uri(bucket, prefix), client=client)
     except InputError as exc:  # down, denied, no bucket yet: look again later
         raise StoreError(str(exc)) from None
 
@@ -150,7 +139,8 @@ def check_prefix(client, bucket: str, prefix: str, rules: CheckpointSettings,
                  cache: HeaderCache | None = None) -> CheckResult:
     """Ask the store whether s3://bucket/prefix holds a complete checkpoint."""
     cache = cache or HeaderCache()
-    files = _list(client, bucket, prefix)
+    listing = _list(client, bucket, prefix)
+    files = {n: (o.size, o.etag) for n, o in listing.items()}
     join = (lambda n: f"{prefix}/{n}") if prefix else (lambda n: n)
     missing: list[str] = []
     problems: list[str] = []
@@ -187,13 +177,12 @@ def check_prefix(client, bucket: str, prefix: str, rules: CheckpointSettings,
     if missing or problems:
         return CheckResult(complete=False, missing=missing, problems=problems)
     needed = sorted({CONFIG, *shards, *rules.require} | ({INDEX} if INDEX in files else set()))
-    digest = hashlib.sha256("\n".join(f"{n}\t{files[n][1]}\t{files[n][0]}" for n in needed).encode())
-    return CheckResult(complete=True, revision=digest.hexdigest()[:32],
+    # the revision a manual run computes from the same listing (day0.identity), not one of ours
+    return CheckResult(complete=True, revision=identity.listing_revision(listing),
                        files={n: files[n] for n in needed})
 
 
 def _head(client, bucket: str, key: str, name: str) -> dict[str, tuple[int, str]]:
-    from day0.errors import InputError
     from day0.storage import head_object
 
     try:
@@ -212,7 +201,7 @@ def _verify_shard(client, bucket: str, key: str, info: tuple[int, str], cache: H
             expected = _expected_size(client, bucket, key)
         except FileNotFoundError:
             return "vanished while checking"
-        except (ValueError, KeyError, TypeError, IndexError, struct.error) as exc:
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
             expected = f"not a safetensors file ({exc})"
         cache.put(ck, expected)
     if isinstance(expected, str):
@@ -243,6 +232,10 @@ class Checker:
     def _lock(self, bucket: str, prefix: str) -> threading.Lock:
         with self._guard:
             return self._locks.setdefault((bucket, prefix), threading.Lock())
+
+    def check(self, bucket: str, prefix: str) -> CheckResult:
+        """One check of s3://bucket/prefix, journaling nothing (a release without a revision)."""
+        return check_prefix(self.client(), bucket, prefix, self.rules, self._cache)
 
     def ensure_checked(self, bucket: str, prefix: str, generation: int) -> tuple[PrefixState, list[bool]]:
         """Check unless a check already covered `generation`; returns state and new-release flags.

@@ -11,7 +11,8 @@ Accepted shapes (unknown extra fields are ignored, missing required ones are a 4
   {"old_entry", "new_entry": {"name", "is_directory", "attributes": {"file_size"}}, "new_parent_path"}}``;
 - Hugging Face Hub webhooks ``{"event": {"action", "scope"}, "repo": {"type", "name", "headSha"},
   "updatedRefs": [{"ref", "oldSha", "newSha"}]}``;
-- the generic signed release ``{"model", "revision", "source", "targets"?}``.
+- the generic signed release ``{"model", "revision"?, "source", "targets"?}``; without a
+  revision the receiver names it as a manual run of its source would (day0.identity).
 
 Every object key, model name and source passes day0.receiver.safety's grammar (no '..', no
 absolute key, no control character) or the whole body is a 422 and nothing is journaled.
@@ -28,15 +29,8 @@ from urllib.parse import unquote_plus
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from day0.errors import BadRequest  # in day0.errors' tree; imported from here too
 from day0.receiver.safety import BUCKET, check_name, parse_source, under
-
-
-class BadRequest(Exception):
-    """Bad input: `status` (400 or 422) and a reason safe to show the sender."""
-
-    def __init__(self, status: int, reason: str):
-        super().__init__(reason)
-        self.status, self.reason = status, reason
 
 
 @dataclass(frozen=True)
@@ -51,10 +45,12 @@ class ObjectEvent:
 
 @dataclass(frozen=True)
 class Release:
-    """A model revision to validate; `targets` None means the receiver's default targets."""
+    """A model revision to validate; `targets` None means the receiver's default targets;
+    `revision` None (a signed release that gives none) is resolved from the source before it
+    is journaled (day0.receiver.app)."""
 
     model: str
-    revision: str
+    revision: str | None
     source: str
     origin: str
     targets: tuple[str, ...] | None = None
@@ -301,8 +297,9 @@ class GenericRelease(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str = Field(min_length=1, max_length=300, pattern=_NAME, description="Model id.")
-    revision: str = Field(min_length=1, max_length=128, pattern=_REVISION,
-                          description="Immutable revision (commit sha, digest, version tag).")
+    revision: str | None = Field(None, min_length=1, max_length=128, pattern=_REVISION, description=(
+        "Immutable revision (commit sha, digest, version tag); default: the digest of the "
+        "source's objects a manual run computes (s3:// sources only)."))
     source: str = Field(min_length=1, max_length=2048, description="Where the flow reads it.")
     targets: list[str] | None = Field(None, min_length=1, max_length=32,
                                       description="Targets to validate (default: receiver's).")

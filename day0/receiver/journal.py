@@ -3,8 +3,14 @@
 Every write that acknowledges a sender is committed (and so fsync'd) before the HTTP answer, so
 a receiver killed at any moment loses nothing it acknowledged. Tables:
 
-- releases: one row per (model, revision, target) -- the UNIQUE key *is* the idempotency of
-  the whole receiver; status pending -> submitted (with the Prefect flow run id).
+- releases: one row per run of a release on a target, (model, revision, target, seq) UNIQUE;
+  status pending -> submitted (with the Prefect flow run id) -> finished (its run reached a
+  final state, as the worker reads it from Prefect). An announcement of a release whose latest
+  row is pending or submitted is a duplicate (merged: `announced_at` records it); once that row
+  is finished, it is a new row with seq + 1 - a new run, kept next to the earlier ones. An
+  announcement that came after the run's end but before the worker saw it end is not lost:
+  finishing a row whose `announced_at` is later than the run's end adds the next row then.
+  Each row's Prefect idempotency key is day0.identity.dedupe_key(..., seq).
 - prefixes: one row per (bucket, prefix) that may hold a checkpoint; `generation` counts the
   events recorded, `checked` the generation the last completeness check covered, so a
   prefix with generation > checked still needs a check (also after a restart).
@@ -12,6 +18,7 @@ a receiver killed at any moment loses nothing it acknowledged. Tables:
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 import time
@@ -19,12 +26,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SCHEMA = """
+from day0.errors import JournalError
+from day0.identity import dedupe_key
+
+RELEASES = """
 CREATE TABLE IF NOT EXISTS releases (
     id INTEGER PRIMARY KEY,
     model TEXT NOT NULL,
     revision TEXT NOT NULL,
     target TEXT NOT NULL,
+    seq INTEGER NOT NULL DEFAULT 1,
     source TEXT NOT NULL,
     origin TEXT NOT NULL,
     status TEXT NOT NULL DEFAULT 'pending',
@@ -34,8 +45,17 @@ CREATE TABLE IF NOT EXISTS releases (
     last_error TEXT,
     accepted_at REAL NOT NULL,
     submitted_at REAL,
-    UNIQUE (model, revision, target)
+    announced_at REAL,
+    announced_source TEXT,
+    announced_origin TEXT,
+    finished_at REAL,
+    UNIQUE (model, revision, target, seq)
 );
+"""
+# the columns a journal written before `seq` existed had (UNIQUE (model, revision, target))
+V1_COLUMNS = ("id, model, revision, target, source, origin, status, flow_run_id, attempts, "
+              "next_attempt, last_error, accepted_at, submitted_at")
+SCHEMA = RELEASES + """
 CREATE INDEX IF NOT EXISTS releases_pending ON releases (status, next_attempt);
 CREATE TABLE IF NOT EXISTS prefixes (
     bucket TEXT NOT NULL,
@@ -62,10 +82,11 @@ class ReleaseRow:
     origin: str
     id: int | None = None
     attempts: int = 0
+    seq: int = 1
 
     @property
     def idempotency_key(self) -> str:
-        return f"day0:{self.model}@{self.revision}:{self.target}"
+        return dedupe_key(self.model, self.revision, self.target, self.seq)
 
 
 @dataclass(frozen=True)
@@ -78,6 +99,16 @@ class PrefixState:
     missing: int | None
     detail: str | None
     revision: str | None
+
+
+@contextlib.contextmanager
+def _unavailable():
+    """SQLite failures (disk full, locked past busy_timeout, corrupt) as day0's JournalError:
+    the app answers 503 + Retry-After, the worker retries its pass."""
+    try:
+        yield
+    except sqlite3.Error as exc:
+        raise JournalError(f"journal unavailable ({type(exc).__name__})") from exc
 
 
 class Journal:
@@ -93,14 +124,31 @@ class Journal:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA busy_timeout=30000")
         with self._lock:
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(releases)")}
+            if columns and "seq" not in columns:
+                self._migrate_v1()
             self._db.executescript(SCHEMA)
+
+    def _migrate_v1(self) -> None:
+        """A journal from before runs were kept: its rows become each release's first run."""
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute("ALTER TABLE releases RENAME TO releases_v1")
+            db.execute(RELEASES)
+            db.execute(f"INSERT INTO releases ({V1_COLUMNS}) SELECT {V1_COLUMNS} FROM releases_v1")
+            db.execute("DROP TABLE releases_v1")  # and its index, recreated by SCHEMA
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
 
     def _write(self, fn) -> Any:
-        with self._lock:
+        with self._lock, _unavailable():
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 out = fn(self._db)
@@ -111,7 +159,7 @@ class Journal:
             return out
 
     def _read(self, sql: str, args: tuple = ()) -> list[tuple]:
-        with self._lock:
+        with self._lock, _unavailable():
             return self._db.execute(sql, args).fetchall()
 
     # ---- releases ------------------------------------------------------------------------
@@ -120,24 +168,34 @@ class Journal:
     def _insert_releases(db: sqlite3.Connection, rows: list[ReleaseRow], now: float) -> list[bool]:
         fresh = []
         for r in rows:
-            cur = db.execute(
-                "INSERT OR IGNORE INTO releases (model, revision, target, source, origin, accepted_at)"
-                " VALUES (?, ?, ?, ?, ?, ?)", (r.model, r.revision, r.target, r.source, r.origin, now))
-            fresh.append(cur.rowcount == 1)
+            last = db.execute(
+                "SELECT id, seq, status FROM releases WHERE model = ? AND revision = ? AND target = ?"
+                " ORDER BY seq DESC LIMIT 1", (r.model, r.revision, r.target)).fetchone()
+            if last is not None and last[2] != "finished":  # its run is pending or running
+                db.execute("UPDATE releases SET announced_at = ?, announced_source = ?,"
+                           " announced_origin = ? WHERE id = ?", (now, r.source, r.origin, last[0]))
+                fresh.append(False)
+                continue
+            db.execute("INSERT INTO releases (model, revision, target, seq, source, origin, accepted_at)"
+                       " VALUES (?, ?, ?, ?, ?, ?, ?)", (r.model, r.revision, r.target,
+                                                        last[1] + 1 if last else 1, r.source,
+                                                        r.origin, now))
+            fresh.append(True)
         return fresh
 
     def accept(self, rows: list[ReleaseRow]) -> list[bool]:
-        """Insert releases; True for each that is new (False: already known, a duplicate)."""
+        """Insert releases; True for each that starts a run (False: a duplicate of one pending or
+        running)."""
         now = time.time()
         return self._write(lambda db: self._insert_releases(db, rows, now))
 
     def due_releases(self, limit: int = 100, now: float | None = None) -> list[ReleaseRow]:
         rows = self._read(
-            "SELECT id, model, revision, target, source, origin, attempts FROM releases"
+            "SELECT id, model, revision, target, source, origin, attempts, seq FROM releases"
             " WHERE status = 'pending' AND next_attempt <= ? ORDER BY id LIMIT ?",
             (time.time() if now is None else now, limit))
-        return [ReleaseRow(model=m, revision=r, target=t, source=s, origin=o, id=i, attempts=a)
-                for i, m, r, t, s, o, a in rows]
+        return [ReleaseRow(model=m, revision=r, target=t, source=s, origin=o, id=i, attempts=a,
+                           seq=q) for i, m, r, t, s, o, a, q in rows]
 
     def next_release_due(self) -> float | None:
         rows = self._read("SELECT MIN(next_attempt) FROM releases WHERE status = 'pending'")
@@ -155,9 +213,44 @@ class Journal:
             "UPDATE releases SET attempts = attempts + 1, next_attempt = ?, last_error = ?"
             " WHERE id = ?", (when, error[:2000], release_id)))
 
+    def active_runs(self, limit: int = 200, after_id: int = 0) -> list[tuple[int, str]]:
+        """(id, flow run id) of submitted releases whose run has not been seen to end, by id."""
+        return [tuple(r) for r in self._read(
+            "SELECT id, flow_run_id FROM releases WHERE status = 'submitted' AND id > ?"
+            " ORDER BY id LIMIT ?", (after_id, limit))]
+
+    def finish_runs(self, ended: dict[int, float]) -> int:
+        """Mark releases finished, by id -> end time of their run (epoch s); a release announced
+        again after its run's end gets its next run. Returns how many next runs were added."""
+        now = time.time()
+
+        def fn(db: sqlite3.Connection) -> int:
+            added = 0
+            for release_id, end in ended.items():
+                row = db.execute(
+                    "SELECT model, revision, target, seq, source, origin, announced_at,"
+                    " announced_source, announced_origin FROM releases"
+                    " WHERE id = ? AND status = 'submitted'", (release_id,)).fetchone()
+                if row is None:
+                    continue
+                model, revision, target, seq, source, origin, announced, a_source, a_origin = row
+                db.execute("UPDATE releases SET status = 'finished', finished_at = ? WHERE id = ?",
+                           (end, release_id))
+                if announced is not None and announced > end:  # clocks: receiver vs Prefect
+                    cur = db.execute(
+                        "INSERT OR IGNORE INTO releases (model, revision, target, seq, source,"
+                        " origin, accepted_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (model, revision, target, seq + 1, a_source or source, a_origin or origin,
+                         announced or now))
+                    added += cur.rowcount
+            return added
+
+        return self._write(fn)
+
     def releases(self) -> list[dict]:
-        cols = ("id", "model", "revision", "target", "source", "origin", "status", "flow_run_id",
-                "attempts", "last_error", "accepted_at", "submitted_at")
+        cols = ("id", "model", "revision", "target", "seq", "source", "origin", "status",
+                "flow_run_id", "attempts", "last_error", "accepted_at", "submitted_at",
+                "announced_at", "finished_at")
         rows = self._read(f"SELECT {', '.join(cols)} FROM releases ORDER BY id")
         return [dict(zip(cols, row)) for row in rows]
 
@@ -227,6 +320,7 @@ class Journal:
         last_error = self._read("SELECT last_error FROM releases WHERE status = 'pending'"
                                 " AND last_error IS NOT NULL ORDER BY id DESC LIMIT 1")
         return {"releases": {"pending": by_status.get("pending", 0),
-                             "submitted": by_status.get("submitted", 0)},
+                             "submitted": by_status.get("submitted", 0),
+                             "finished": by_status.get("finished", 0)},
                 "prefixes": {**by_state, "unchecked": unchecked},
                 "last_submit_error": last_error[0][0] if last_error else None}

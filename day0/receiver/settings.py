@@ -190,6 +190,9 @@ class ReceiverSettings(_Strict):
         unknown = sorted(set(value) - set(FLOW_PARAMETERS))
         if unknown:
             raise ValueError(f"unknown flow parameter(s) {unknown}; known: {list(FLOW_PARAMETERS)}")
+        from day0.request import ValidateRequest
+
+        ValidateRequest(source="s3://bucket/prefix", **value)  # types checked now, not per run
         return value
 
     @field_validator("trust_remote_code", "release_sources")

@@ -5,11 +5,15 @@ wake it. On start it finds whatever the journal holds as pending (a previous pro
 been killed between accepting and submitting) and submits it. Store checks of due prefixes
 run on the CheckRunner's own threads and are only watched from here, each with a deadline
 (checks.timeout_s), so a store that never answers cannot hold up the submission of releases.
-Each submission is
-``run_deployment(..., timeout=0, idempotency_key="day0:<model>@<revision>:<target>")``: if a
-crash came after Prefect created the run but before the journal recorded it, the resubmission
-returns the same flow run instead of creating a second one. Failures back off exponentially
-(capped) and are retried for as long as the receiver runs; nothing accepted is ever dropped.
+Each submission is ``run_deployment(..., timeout=0, idempotency_key=day0.identity.dedupe_key(
+model, revision, target, seq))`` with the parameters of day0.request.ValidateRequest (model and
+revision included, so the run publishes under the receiver's name for the release): if a crash
+came after Prefect created the run but before the journal recorded it, the resubmission returns
+the same flow run instead of creating a second one. Failures back off exponentially (capped) and
+are retried for as long as the receiver runs; nothing accepted is ever dropped. At most every
+submit.poll_s the worker reads the state of submitted runs (REAP_BATCH at a time) and marks
+those that ended finished in the journal: a later announcement of the same release starts a new
+run (day0.receiver.journal).
 """
 
 from __future__ import annotations
@@ -17,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import importlib
 import logging
 import random
 import threading
@@ -26,13 +29,16 @@ import uuid
 
 from concurrent.futures import Future
 
+from day0.orchestration import submit as prefect
 from day0.receiver.checks import CheckRunner
 from day0.receiver.journal import Journal, ReleaseRow
 from day0.receiver.safety import under
 from day0.receiver.settings import ReceiverSettings
+from day0.request import ValidateRequest
 
 log = logging.getLogger("day0.receiver")
 EVENT_NAMESPACE = uuid.UUID("6f1d7a5e-3c0b-4b8e-9d39-0da7f5a1c0de")
+REAP_BATCH = 200  # flow runs read per pass (Prefect's default page size)
 
 
 def watch(fut: Future) -> asyncio.Future:
@@ -60,6 +66,8 @@ class Worker:
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._inflight: set[int] = set()
+        self._next_reap = 0.0  # time.monotonic() of the next read of submitted runs' states
+        self._reap_after = 0  # journal id the next read starts after (round robin)
         self.submitted = 0
         self.last_error: str | None = None
 
@@ -89,14 +97,8 @@ class Worker:
     # ---- the loop ------------------------------------------------------------------------
 
     def _main(self) -> None:
-        url = self.settings.prefect_api_url
         try:
-            if url:
-                from prefect.settings import PREFECT_API_URL, temporary_settings
-
-                with temporary_settings(updates={PREFECT_API_URL: url}):
-                    asyncio.run(self._run())
-            else:
+            with prefect.api_url(self.settings.prefect_api_url):
                 asyncio.run(self._run())
         except Exception as exc:  # shows as worker_alive false / degraded in /healthz
             log.exception("receiver worker stopped")
@@ -105,21 +107,18 @@ class Worker:
             self._ready.set()
 
     async def _run(self) -> None:
-        # import Prefect's client side now, not under the first request's load (seconds of GIL)
-        for module in ("prefect.deployments", "prefect.events"):
-            importlib.import_module(module)
-        from prefect.client.orchestration import get_client
-
+        prefect.preload()  # Prefect's client side now, not under the first request's load
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         limit = asyncio.Semaphore(self.settings.submit.concurrency)
         tasks: set[asyncio.Task] = set()
-        async with get_client() as client:
+        async with prefect.client() as client:
             self._ready.set()
             while not self._stop.is_set():
                 self._wake.clear()
                 try:
                     await self._check_prefixes()
+                    await self._reap(client)
                     for row in await asyncio.to_thread(self.journal.due_releases, 200):
                         if row.id in self._inflight:
                             continue
@@ -187,20 +186,45 @@ class Worker:
             self._checking.discard((bucket, prefix))
             self.wake()
 
-    async def _submit(self, client, row: ReleaseRow, limit: asyncio.Semaphore) -> None:
-        from prefect.deployments import arun_deployment
+    async def _reap(self, client) -> None:
+        """Mark releases whose flow run reached a final state (or vanished) finished, at most
+        every submit.poll_s; a Prefect that cannot answer now is asked on a later pass."""
+        if time.monotonic() < self._next_reap:
+            return
+        self._next_reap = time.monotonic() + self.settings.submit.poll_s
+        rows = await asyncio.to_thread(self.journal.active_runs, REAP_BATCH, self._reap_after)
+        self._reap_after = rows[-1][0] if len(rows) == REAP_BATCH else 0
+        ids = {}
+        for release_id, run_id in rows:
+            with contextlib.suppress(TypeError, ValueError):
+                ids[uuid.UUID(run_id)] = release_id
+        if not ids:
+            return
+        try:
+            ended = await prefect.ended(client, list(ids))
+        except Exception as exc:
+            log.warning("reading the state of %d submitted runs failed: %s", len(ids), exc)
+            return
+        if ended:
+            added = await asyncio.to_thread(
+                self.journal.finish_runs, {ids[run_id]: end for run_id, end in ended.items()})
+            if added:
+                log.info("%d release(s) announced again after their run ended: new runs", added)
 
+    async def _submit(self, client, row: ReleaseRow, limit: asyncio.Semaphore) -> None:
         s = self.settings
-        params = {"source": row.source, "target": row.target, "revision": row.revision,
-                  **s.flow_parameters}
-        if s.trust_remote_code and under(row.source, s.trust_remote_code):
-            params["trust_remote_code"] = True  # the receiver's config only, never an event
+        trusted = bool(s.trust_remote_code and under(row.source, s.trust_remote_code))
+        # trust_remote_code comes from the receiver's config only, never from an event; the
+        # target is always named (a run's parameters say what it validates without defaults)
+        params = ValidateRequest(**{**s.flow_parameters, "source": row.source, "target": row.target,
+                                    "model": row.model, "revision": row.revision,
+                                    "trust_remote_code": trusted}).as_parameters()
+        params["target"] = row.target
         try:
             async with limit:
                 try:
-                    run = await arun_deployment(
-                        name=s.deployment, client=client, parameters=params, timeout=0,
-                        idempotency_key=row.idempotency_key, as_subflow=False,
+                    run = await prefect.submit(
+                        s.deployment, params, client=client, idempotency_key=row.idempotency_key,
                         tags=["day0", "release", f"origin:{row.origin}"])
                 except Exception as exc:
                     delay = backoff(row.attempts, s.submit.backoff_initial_s, s.submit.backoff_max_s)
@@ -221,14 +245,12 @@ class Worker:
     def _emit(self, row: ReleaseRow, run) -> None:
         """A Prefect event per release, so it shows in the UI's event feed next to its run."""
         try:
-            from prefect.events import emit_event
-
             related = [{"prefect.resource.id": f"prefect.flow-run.{run.id}",
                         "prefect.resource.role": "flow-run"}]
             if run.deployment_id:
                 related.append({"prefect.resource.id": f"prefect.deployment.{run.deployment_id}",
                                 "prefect.resource.role": "deployment"})
-            emit_event(
+            prefect.emit_event(
                 event="day0.release.accepted",
                 resource={"prefect.resource.id": f"day0.release.{row.model}",
                           "prefect.resource.name": row.model,

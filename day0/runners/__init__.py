@@ -39,8 +39,8 @@ def run_on_target(spec: StageSpec, target: Target,
                   log: Callable[[str], None] | None = None) -> StageOutcome:
     """Run spec with the target's runner inside one of its concurrency slots, within the stage's
     budget (the target's limits, else derived from the model's size: day0.budget)."""
-    budget = derive(spec.stage, target, params_of(spec.inputs.upstream),
-                    reference=spec.inputs.reference, shape=shape_of(spec.inputs.upstream),
+    budget = derive(spec.stage, target, params_of(spec.facts),
+                    reference=spec.inputs.reference, shape=shape_of(spec.facts),
                     stage_config=spec.config)
     with target_slot(target):
         if target.runner == "process":

@@ -1,11 +1,11 @@
 """Run a stage as a flow run of the ``day0-stage`` deployment on a Prefect work pool.
 
 ``run_on_deployment(spec, target, log)`` submits ``flows/stage.py:day0_stage`` through
-``prefect.deployments.run_deployment`` to ``target.deployment`` (e.g. ``day0-stage/docker``, a
-Docker or Kubernetes work pool, possibly on another machine), waits for the child flow run's
-final state and returns a :class:`StageOutcome`. Like every runner it never raises for the
-stage: ``run_deployment`` itself does not raise when the child fails, so the final state is
-checked here:
+day0.orchestration.submit (Prefect's ``run_deployment``) to ``target.deployment`` (e.g.
+``day0-stage/docker``, a Docker or Kubernetes work pool, possibly on another machine), waits
+for the child flow run's final state and returns a :class:`StageOutcome`. Like every runner it
+never raises for the stage: ``run_deployment`` itself does not raise when the child fails, so
+the final state is checked here:
 
 * Completed                    -> the outcome the child wrote to ``result_uri`` (ok or not);
 * Failed / Crashed / Cancelled -> failed outcome, failure ``crash``, reason naming the
@@ -49,7 +49,8 @@ POLL_S = 1.0
 
 def stage_results_base(spec: StageSpec) -> str | None:
     """Where stage outcomes are exchanged with the child run, or None when nowhere is shared."""
-    from day0.storage import RESULTS_FOLDER, S3Uri, is_s3, parse_s3_uri
+    from day0.identity import RESULTS_FOLDER
+    from day0.storage import S3Uri, is_s3, parse_s3_uri
 
     base = os.environ.get(RESULTS_ENV)
     if base:
@@ -106,25 +107,6 @@ def _failed(spec: StageSpec, kind: str, message: str, started: float,
                         seconds=time.monotonic() - started, ran_in=ran_in)
 
 
-def _cancel(flow_run) -> str:
-    """Cancel a child run that outlived its deadline; returns a note for the reason."""
-    from prefect.client.orchestration import get_client
-    from prefect.states import Cancelled, Cancelling
-
-    try:
-        with get_client(sync_client=True) as client:
-            current = client.read_flow_run(flow_run.id).state
-            if current is not None and current.is_final():
-                return f"it ended {current.name} meanwhile"
-            # a run no worker picked up has no infrastructure to stop: cancel it outright;
-            # otherwise Cancelling makes the worker stop its container/job
-            state = Cancelled() if current is None or current.is_scheduled() else Cancelling()
-            client.set_flow_run_state(flow_run.id, state, force=True)
-            return "cancelled" if state.is_cancelled() else "cancellation requested"
-    except Exception as exc:  # keep the timeout outcome even when the API is gone
-        return f"could not cancel it: {type(exc).__name__}: {exc}".splitlines()[0][:200]
-
-
 def run_on_deployment(spec: StageSpec, target: Target,
                       log: Callable[[str], None] | None = None) -> StageOutcome:
     """Run spec as a flow run of target.deployment; always returns an outcome."""
@@ -139,10 +121,8 @@ def run_on_deployment(spec: StageSpec, target: Target,
 
 
 def _run(spec: StageSpec, target: Target, name: str, log, started: float) -> StageOutcome:
-    from prefect.deployments import run_deployment
-    from prefect.exceptions import ObjectNotFound
-
     from day0.budget import for_spec
+    from day0.orchestration import submit
 
     base = stage_results_base(spec)
     if base is None:
@@ -157,10 +137,9 @@ def _run(spec: StageSpec, target: Target, name: str, log, started: float) -> Sta
     deadline_s = timeout_s + grace
     parameters = {"spec": json.loads(spec.model_dump_json()), "result_uri": result_uri}
     try:
-        flow_run = run_deployment(name=name, parameters=parameters, timeout=deadline_s,
-                                  poll_interval=POLL_S, tags=["day0", f"stage:{spec.stage}"],
-                                  _sync=True)
-    except ObjectNotFound:
+        flow_run = submit.run(name, parameters, timeout=deadline_s, poll_interval=POLL_S,
+                              tags=["day0", f"stage:{spec.stage}"])
+    except submit.DeploymentNotFound:
         return _failed(spec, "config", (
             f"stage '{spec.stage}': deployment {name} does not exist on the Prefect server: "
             f"register it: prefect deploy --prefect-file deploy/prefect.yaml --name {name}"), started)
@@ -172,7 +151,7 @@ def _run(spec: StageSpec, target: Target, name: str, log, started: float) -> Sta
 
     try:
         if state is None or not state.is_final():
-            note = _cancel(flow_run)
+            note = submit.cancel(flow_run.id)
             return _failed(spec, "timeout", (
                 f"stage '{spec.stage}' did not finish within {deadline_s:g} s "
                 f"(timeout_s {timeout_s:g} + {grace:g} s start grace) on {where}: {note}"),

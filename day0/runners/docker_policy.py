@@ -29,6 +29,7 @@ from typing import Callable
 
 from day0.errors import ConfigError, Day0Error, InputError, PluginError
 from day0.plugins import is_file_plugin
+from day0 import stages
 from day0.stage import StageSpec, stage_module
 from day0.targets import ContainerSettings, Target
 
@@ -88,9 +89,10 @@ def mount_roots(settings: ContainerSettings, target: str, checkpoint: Path | Non
     return roots
 
 
-def file_fields(stage: str) -> list[str]:
+def file_fields(spec: StageSpec | str) -> list[str]:
     """The stage Config's fields that name a host file (by convention: ``*_file``)."""
-    return sorted(n for n in stage_module(stage).Config.model_fields if n.endswith("_file"))
+    module = stages.get(spec).module if isinstance(spec, str) else stage_module(spec)
+    return sorted(n for n in module.Config.model_fields if n.endswith("_file"))
 
 
 def _stage_files(spec: StageSpec, roots: list[Path], mounts: dict[str, bool]) -> dict:
@@ -98,9 +100,9 @@ def _stage_files(spec: StageSpec, roots: list[Path], mounts: dict[str, bool]) ->
     from day0.yamlio import load_model
 
     where = f"{spec.stage} stage config"
-    load_model(stage_module(spec.stage).Config, spec.config, where)  # ConfigError, nothing mounted
+    load_model(stage_module(spec).Config, spec.config, where)  # ConfigError, nothing mounted
     config = dict(spec.config)
-    for name in file_fields(spec.stage):
+    for name in file_fields(spec):
         value = config.get(name)
         if not value or not Path(value).expanduser().exists():
             continue  # not on this host: the stage resolves it in the image, nothing is mounted

@@ -1,15 +1,15 @@
-"""Per-operator replay (day0.alignment.ops) on ops recorded by the real OpRecorder."""
+"""Per-operator replay (day0.torchkit.replay) on ops recorded by the real OpRecorder."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from day0.alignment.ops import check_ops, replay_recorded
-from day0.alignment.tolerances import load_tolerances
+from day0.torchkit.replay import check_ops, replay_recorded
+from day0.torchkit.tolerances import load_tolerances
 from day0.errors import ConfigError
 from day0.modeling import load_pretrained
-from day0.opcapture import OpRecorder
+from day0.torchkit.opcapture import OpRecorder
 
 TOL = load_tolerances()
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from day0.alignment import Config, Result, run
+from day0.stages.alignment import Config, Result, run
 from day0.contract import StageInputs
-from day0.errors import ConfigError, StageError
-from day0.modeling import read_config_dict
+from day0.errors import ConfigError, TargetFault
+from day0.checkpoint_io import read_config_dict
 from day0.stage import StageOutcome, StageSpec, execute
 from day0.targets import Target
 
@@ -141,7 +141,7 @@ def test_nan_output_propagates_and_never_passes(tiny_llama, eval_text):
 
 
 def test_target_raising_on_an_op_is_a_stage_error(tiny_llama, eval_text):
-    with pytest.raises(StageError, match="target forward raised NotImplementedError.*aten::mm"):
+    with pytest.raises(TargetFault, match="target forward raised NotImplementedError.*aten::mm"):
         _run(tiny_llama, ["raise_on_op"], text=eval_text, **FAST)
 
 
@@ -216,7 +216,7 @@ def _alignment_gates_failing(result: Result, claim: str = "faithful") -> set[str
 def test_rope_base_and_expert_swap_fail_on_every_fixture(fixture, eval_text):
     """Faults that absolute thresholds tuned on the fixtures let through (RoPE base 10 % low:
     KL 7e-4 on DeepSeek) fail against the control; the control itself passes."""
-    from day0.alignment import Memo
+    from day0.stages.alignment import Memo
 
     source = PLUGINS.parents[0] / "fixtures" / "models" / fixture
     memo = Memo()

@@ -176,4 +176,4 @@ def test_recorded_object_events_are_checked_on_start(deployment, s3_server, tmp_
     Journal(settings.journal).record_objects([(BUCKET, prefix)])  # the last upload's event
     with ReceiverThread(settings) as receiver:
         settled(receiver.url)
-    assert sum(runs(deployment, f"day0:{BUCKET}/{prefix}@").values()) == 1
+    assert sum(runs(deployment, f"day0:{prefix}@").values()) == 1

@@ -66,7 +66,7 @@ def test_release_lifecycle(tmp_path):
     assert [r.id for r in j.due_releases()] == [second.id]
     assert j.stats()["last_submit_error"] == "ConnectError: down"
     j.mark_submitted(second.id, "run-2")
-    assert j.stats()["releases"] == {"pending": 1, "submitted": 1}
+    assert j.stats()["releases"] == {"pending": 1, "submitted": 1, "finished": 0}
     assert [r.attempts for r in j.due_releases(now=j.next_release_due() + 1)] == [1]
 
 

@@ -45,7 +45,7 @@ def test_completeness_is_decided_by_the_store(s3_server, tmp_path):
         "waiting for model.safetensors.index.json", "waiting for 3 shards",
         "waiting for 2 shards", "waiting for 1 shard"]
     done = seen[-1]
-    assert done.complete and len(done.files) == 5 and len(done.revision) == 32
+    assert done.complete and len(done.files) == 5 and len(done.revision) == 16
     # identical bytes uploaded again: same ETags, same revision (the same release)
     client.upload_file(str(ck / "config.json"), bucket, f"{prefix}/config.json")
     assert check_prefix(client, bucket, prefix, rules, cache).revision == done.revision
@@ -92,15 +92,15 @@ def test_s3_records_wait_for_the_last_shard(receiver, deployment, s3_server, tmp
         assert resp.status_code == 202, resp.text
         answers.append(resp.json())
         if name != upload_order(ck)[-1]:
-            assert not runs(deployment, f"day0:{bucket}/{prefix}@")
+            assert not runs(deployment, f"day0:{prefix}@")
     assert [a["status"] for a in answers] == ["waiting"] * 4 + ["accepted"]
     assert answers[2]["detail"].endswith("waiting for 2 shards")
     revision = answers[-1]["prefixes"][0]["revision"]
     again = post_s3(receiver.url, {"Records": [s3_record(bucket, quote_plus(f"{prefix}/config.json"))]})
     assert again.json()["status"] == "complete"  # redelivery: nothing new
     settled(receiver.url)
-    assert runs(deployment, f"day0:{bucket}/{prefix}@") == {
-        f"day0:{bucket}/{prefix}@{revision}:cpu-bf16": 1}
+    assert runs(deployment, f"day0:{prefix}@") == {
+        f"day0:{prefix}@{revision}:cpu-bf16": 1}
     ignored = post_s3(receiver.url, {"Records": [s3_record(bucket, quote_plus(f"{prefix}/README.md"))]})
     assert ignored.status_code == 200 and ignored.json()["status"] == "ignored"
 
@@ -184,8 +184,8 @@ def test_sns_notification_with_basic_auth_and_eventbridge(receiver, deployment, 
                         "object": {"key": f"{eb_prefix}/model.safetensors", "size": 1, "etag": "e"}}}
     assert post_s3(receiver.url, event).json()["status"] == "accepted"
     settled(receiver.url)
-    assert sum(runs(deployment, f"day0:{bucket}/{prefix}@").values()) == 1
-    assert sum(runs(deployment, f"day0:{bucket}/{eb_prefix}@").values()) == 1
+    assert sum(runs(deployment, f"day0:{prefix}@").values()) == 1
+    assert sum(runs(deployment, f"day0:{eb_prefix}@").values()) == 1
 
 
 def test_seaweedfs_filer_webhook_submits_after_the_last_shard(deployment, tmp_path):
@@ -214,11 +214,11 @@ def test_seaweedfs_filer_webhook_submits_after_the_last_shard(deployment, tmp_pa
 
                 assert wait_until(checked, timeout_s=20), (name, journal.prefix(bucket, "org/m1"))
                 if detail != "complete":
-                    assert not runs(deployment, f"day0:{bucket}/org/m1@")
+                    assert not runs(deployment, "day0:org/m1@")
             settled(receiver.url)
             revision = journal.prefix(bucket, "org/m1").revision
-            assert runs(deployment, f"day0:{bucket}/org/m1@") == {
-                f"day0:{bucket}/org/m1@{revision}:cpu-bf16": 1}
+            assert runs(deployment, "day0:org/m1@") == {
+                f"day0:org/m1@{revision}:cpu-bf16": 1}
             (row,) = journal.releases()
             assert row["origin"] == "s3" and row["source"] == f"s3://{bucket}/org/m1"
     finally:

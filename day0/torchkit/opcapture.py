@@ -2,7 +2,7 @@
 
 Usage::
 
-    from day0.opcapture import OpRecorder
+    from day0.torchkit.opcapture import OpRecorder
 
     with torch.no_grad(), OpRecorder(record_examples=True, max_example_bytes=64 << 20) as rec:
         model(input_ids)

@@ -19,10 +19,10 @@ from typing import Iterator
 
 import torch
 
-from day0.alignment.layers import Capture, LayerAccumulator, RouterAccumulator
-from day0.alignment.logits import LogitAccumulator, bucket_index
-from day0.alignment.text import Window
-from day0.errors import StageError
+from day0.stages.alignment.layers import Capture, LayerAccumulator, RouterAccumulator
+from day0.stages.alignment.logits import LogitAccumulator, bucket_index
+from day0.stages.alignment.text import Window
+from day0.errors import TargetFault
 
 
 @dataclass
@@ -57,7 +57,7 @@ class Side:
             except Exception as exc:
                 if self.name != "target":
                     raise
-                raise StageError(f"target forward raised {type(exc).__name__}: "
+                raise TargetFault(f"target forward raised {type(exc).__name__}: "
                                  f"{str(exc).splitlines()[0] if str(exc) else ''}",
                                  field="target.plugins" if self.plugins else "target",
                                  fix="fix the target's kernels/plugins for the failing op"

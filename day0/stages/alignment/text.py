@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from day0 import DATA_DIR
 from day0.errors import ConfigError, InputError
 
-BUILTIN_TEXT = Path(__file__).resolve().parent.parent / "data" / "eval_text.txt"
+BUILTIN_TEXT = DATA_DIR / "eval_text.txt"
 CHECKPOINT_TEXT = "heldout.txt"
 
 

@@ -13,6 +13,10 @@ of the tensors transformers' class loads as parameters (extra tensors such as MT
 reported in ``params.unused``; quantization scales and persistent buffers are left out); without
 weights it is the meta model's parameter count (tied weights once). ``params.active = total -
 routed_expert_params x (1 - k/E)``, routed experts found by name (data/analysis.yaml).
+
+What it proves: what the model is and whether the target can hold it (plan, memory, risks), and
+whether the checkpoint's headers are sound. What it needs: config.json and the safetensors
+headers (local or s3:// ranged reads), no weights data, no device, no other stage.
 """
 
 from __future__ import annotations
@@ -22,11 +26,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from day0.analysis_model import (DTYPES, Attention, MoE, Params, Rope, attention_facts, cfg,
+from day0.stages.analysis.model import (DTYPES, Attention, MoE, Params, Rope, attention_facts, cfg,
                                  cfg_alias, count_params, kv_cache, layer_split, moe_facts,
                                  rope_facts, weights_bytes)
-from day0.analysis_plan import GIB, Plan, make_plan
-from day0.analysis_risks import Risk, collect_risks
+from day0.stages.analysis.plan import GIB, Plan, make_plan
+from day0.stages.analysis.risks import Risk, collect_risks
 from day0.checkpoint import Checkpoint, read_checkpoint
 from day0.contract import StageInputs, StageResult
 from day0.sanity import header_problems
@@ -251,4 +255,26 @@ def summary_text(result: Result) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["Config", "Result", "run", "summary_text", "Memory", "KVCache", "CheckpointInfo"]
+REQUIRES: tuple[str, ...] = ()
+AFTER: tuple[str, ...] = ()
+TARGET_KINDS = ("torch",)
+FACT_KEYS = ("architecture", "model_type", "attention", "moe", "params", "num_layers",
+             "hidden_size", "vocab_size", "max_context")
+
+
+def facts(result: dict) -> dict:
+    """What the model is, for the report's header, the gates' applies_to (moe) and budgets."""
+    return {k: result.get(k) for k in FACT_KEYS}
+
+
+def markdown(result: dict, gates: list | None = None) -> str:
+    """report.md's analysis section: the summary a terminal shows for `day0 analyze`."""
+    try:
+        text = summary_text(Result.model_validate(result))
+    except ValueError:  # an older or foreign result: the report still renders
+        return ""
+    return "## Analysis\n\n```\n" + text + "\n```\n"
+
+
+__all__ = ["Config", "Result", "run", "summary_text", "Memory", "KVCache", "CheckpointInfo",
+           "REQUIRES", "AFTER", "TARGET_KINDS", "facts", "markdown"]

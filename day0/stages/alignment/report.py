@@ -109,10 +109,11 @@ def gate_sides(a: dict, gates: list) -> str:
     return _table(["gate", "quantity", "target", "control", "reference"], rows)
 
 
-def alignment_markdown(a: dict, gates: list | None = None) -> str:
+def markdown(a: dict, gates: list | None = None) -> str:
+    """report.md's alignment section."""
     if not a or "layers" not in a:
         return ""
-    parts = ["## Alignment: target vs control vs reference\n"]
+    parts = ["## Alignment: target vs control vs reference\n", first_divergent_layer_line(a)]
     max_pos = a.get("max_position_embeddings")
     parts += [
         f"- target: {a.get('target')}, claim **{a.get('claim', 'faithful')}**; control: "
@@ -178,4 +179,24 @@ def alignment_markdown(a: dict, gates: list | None = None) -> str:
     return "\n".join(parts)
 
 
-__all__ = ["alignment_markdown"]
+LAYER_COLUMNS = {"layer": "layer", "rel_error": "target error", "control_rel_error": "control error",
+                 "ratio": "ratio", "ratio_low": "ratio low (worst bucket)", "bound": "bound",
+                 "diverged": "diverged"}
+
+
+def layer_rows(a: dict) -> list[dict]:
+    """Per-layer table: target and control error against the reference, ratio and its bound."""
+    return [{label: _f(row.get(key), 6) for key, label in LAYER_COLUMNS.items()}
+            for row in a.get("layers") or []]
+
+
+def first_divergent_layer_line(a: dict) -> str:
+    return f"- first divergent layer: {_f(a.get('first_divergent_layer'))}"
+
+
+def evidence(a: dict) -> dict:
+    """report.json keeps the whole alignment result: tables, windows, text, comparisons."""
+    return dict(a)
+
+
+__all__ = ["markdown", "layer_rows", "evidence", "first_divergent_layer_line", "gate_sides"]

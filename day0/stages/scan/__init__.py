@@ -1,14 +1,18 @@
 """Operator scan: which aten ops the model needs, and which of them the target runs.
 
 1. The model at its full configured size is built on the meta device and one forward
-   (batch 1, ``seq_len`` tokens) is recorded op by op (:mod:`day0.scan_meta`).
+   (batch 1, ``seq_len`` tokens) is recorded op by op (:mod:`day0.stages.scan.meta`).
 2. Coverage on the target: from the target's ``op_manifest`` when it has one, otherwise by
-   probing a tiny copy of the model on the target device (:mod:`day0.scan_probe`).
+   probing a tiny copy of the model on the target device (:mod:`day0.stages.scan.probe`).
    Each op is ``covered`` (ran on the device), ``uncovered`` (raised there, or missing from the
    manifest), ``unprobed`` (needed at full size, never exercised by the probe) or ``manifest``
    (listed as supported). coverage = (covered + manifest) / all.
 3. Ops outside ``day0/data/common_ops.yaml`` are long-tail: the first to lack a kernel on a new
    backend.
+
+What it proves: every aten op the full-size model needs, and whether the target runs each.
+What it needs: config.json only (meta tensors, no weights), the target's device (or its
+op_manifest); runs after analysis and reads no other stage's result.
 """
 
 from __future__ import annotations
@@ -20,12 +24,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from day0 import DATA_DIR
 from day0.contract import StageInputs, StageResult
 from day0.errors import ConfigError
 from day0 import memory
 from day0.yamlio import read_mapping
 
-DATA = Path(__file__).parent / "data"
+DATA = DATA_DIR
 Status = Literal["covered", "uncovered", "unprobed", "manifest"]
 
 
@@ -140,8 +145,8 @@ def run(config: Config, inputs: StageInputs) -> Result:
     import torch
 
     from day0.modeling import resolve_config
-    from day0.scan_meta import meta_scan
-    from day0.sources import read_config
+    from day0.stages.scan.meta import meta_scan
+    from day0.checkpoint_io import read_config
 
     start = time.perf_counter()
     target = inputs.target
@@ -159,7 +164,7 @@ def run(config: Config, inputs: StageInputs) -> Result:
                      attn_implementation=config.attn_implementation)
     probe = None
     if manifest is None and config.probe and target.device != "meta":
-        from day0.scan_probe import run_probe
+        from day0.stages.scan.probe import run_probe
 
         res = resolved()
         if config.experts_implementation:
@@ -242,3 +247,24 @@ def summary_text(result: Result) -> str:
         lines.append(f"  long-tail ({len(result.long_tail)}): {', '.join(result.long_tail)}")
     lines += [f"  note: {n}" for n in result.notes]
     return "\n".join(lines)
+
+
+REQUIRES: tuple[str, ...] = ()
+AFTER = ("analysis",)
+TARGET_KINDS = ("torch",)
+
+
+def evidence(result: dict) -> dict:
+    """report.json keeps coverage and the op names that matter; stages/scan.json keeps all."""
+    return {k: result[k] for k in ("coverage", "uncovered", "long_tail") if k in result}
+
+
+def markdown(result: dict, gates: list | None = None) -> str:
+    def names(key):
+        return ", ".join(map(str, result.get(key) or [])) or "none"
+
+    coverage = result.get("coverage")
+    return "\n".join(["## Operator coverage\n",
+                      f"- coverage: {'—' if coverage is None else f'{coverage:.6g}'}",
+                      f"- uncovered: {names('uncovered')}",
+                      f"- long-tail: {names('long_tail')}\n"])

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from day0.analysis_model import cfg, mla_expanded_per_token
+from day0.stages.analysis.model import cfg, mla_expanded_per_token
 from day0.checkpoint import data, risk_text
 
 GIB = 1024 ** 3

@@ -9,9 +9,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from day0 import DATA_DIR
 from day0.yamlio import load_model, read_mapping
 
-DEFAULT_FILE = Path(__file__).resolve().parent.parent / "data" / "tolerances.yaml"
+DEFAULT_FILE = DATA_DIR / "tolerances.yaml"
 DTYPES = ("bfloat16", "float16", "float32")
 OpKind = Literal["elementwise", "accumulate", "discrete", "uninitialized", "random"]
 

@@ -1,6 +1,6 @@
 """Per-operator check: replay every aten op the reference model ran, on the target.
 
-The reference model runs a short real input under :class:`day0.opcapture.OpRecorder`, which
+The reference model runs a short real input under :class:`day0.torchkit.opcapture.OpRecorder`, which
 keeps the first call's inputs of each op. Each op is then replayed twice from those inputs:
 
 * target: floating tensors cast to the target dtype, everything moved to the target device;
@@ -23,8 +23,8 @@ import torch
 from pydantic import Field
 from torch.utils._pytree import tree_flatten, tree_map
 
-from day0.alignment.base import Row
-from day0.alignment.tolerances import Tolerances
+from day0.contract import Row
+from day0.torchkit.tolerances import Tolerances
 
 Status = Literal["ok", "failed", "error", "skipped"]
 # Ops whose integer outputs are positions into `self` along `dim`: a differing index that
@@ -228,7 +228,7 @@ def check_ops(model, input_ids: torch.Tensor, *, device: str, dtype: str,
               tolerances: Tolerances, reference_inputs: str = "rounded",
               max_example_bytes: int = 256 << 20) -> list[OpRow]:
     """Record the reference model's ops on input_ids, replay each on the target."""
-    from day0.opcapture import OpRecorder
+    from day0.torchkit.opcapture import OpRecorder
 
     with torch.no_grad(), OpRecorder(record_examples=True,
                                      max_example_bytes=max_example_bytes) as recorder:

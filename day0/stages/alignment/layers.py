@@ -13,8 +13,8 @@ import math
 import torch
 from pydantic import Field
 
-from day0.alignment.base import Row
-from day0.alignment.paired import Blocks, ratios
+from day0.contract import Row
+from day0.stages.alignment.paired import Blocks, ratios
 
 from day0.modeling import decoder_layers
 

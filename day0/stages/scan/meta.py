@@ -25,7 +25,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_leaves, tree_map
 
-from day0.opcapture import OpRecorder, op_names
+from day0.torchkit.opcapture import OpRecorder, op_names
 
 SHADOW = "_day0_shadow"
 aten = torch.ops.aten

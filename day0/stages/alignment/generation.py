@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from day0.alignment.base import Row
+from day0.contract import Row
 
 
 class GenerationRow(Row):

@@ -1,21 +1,4 @@
-"""Numerical alignment stage: does the target compute what the cpu/float32 reference computes,
-and is it as close to it as a known-good port (the control) is?
-
-Three models see the same windows: the reference (float32, reference device), the control (the
-same implementation at the target's dtype on the reference device, no plugins) and the target.
-Levels, from the smallest unit to end-to-end behaviour:
-
-* operators   - every aten op of a short reference forward, replayed on the target (ops.py);
-* layers      - each decoder layer's output error, target vs control, by position bucket;
-* logits      - per-position KL(ref||target) vs KL(ref||control), top-1 agreement (logits.py);
-* MoE routing - expert-set agreement of target and control with the reference (layers.py);
-* perplexity  - target vs control on the same tokens (paired.py);
-* generation  - greedy continuations of prompts from the text (generation.py).
-
-Windows start like documents (BOS) with a few context-only positions and reach the model's
-trained context (up to ``seq_len_cap``), run in chunks over a KV cache, so faults that only show
-at far positions are found. Relative gates read paired block-bootstrap bounds (paired.py).
-"""
+"""The alignment stage's core: models, windows and comparisons (see the package docstring)."""
 
 from __future__ import annotations
 
@@ -27,19 +10,18 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from day0.alignment import generation as gen
-from day0.alignment.engine import MemoSide, Side, evaluate
-from day0.alignment.layers import LayerRow, RouterRow
-from day0.alignment.logits import BucketRow, bucket_bounds
-from day0.alignment.ops import OpRow, check_ops
-from day0.alignment.paired import Blocks, Comparison, mean_excess, ratios, worst
-from day0.alignment.text import (load_tokenizer, prefix_token, prompts, read_text,
+from day0.stages.alignment import generation as gen
+from day0.stages.alignment.engine import MemoSide, Side, evaluate
+from day0.stages.alignment.layers import LayerRow, RouterRow
+from day0.stages.alignment.logits import BucketRow, bucket_bounds
+from day0.torchkit.replay import OpRow, check_ops
+from day0.stages.alignment.paired import Blocks, Comparison, mean_excess, ratios, worst
+from day0.stages.alignment.text import (load_tokenizer, prefix_token, prompts, read_text,
                                  resolve_text_file, tokenize, windows)
-from day0.alignment.tolerances import load_tolerances
+from day0.torchkit.tolerances import load_tolerances
 from day0.contract import StageInputs, StageResult
-from day0.errors import ConfigError, StageError
-from day0.limits import check_source
-from day0.modeling import load_pretrained
+from day0.errors import ConfigError, TargetFault
+from day0.modeling import check_source, load_pretrained
 from day0.plugins import apply_plugins
 from day0.sources import local_checkpoint
 
@@ -442,7 +424,7 @@ def _generation(config: Config, ids, prefix, tokenizer, ref, ctl, tgt, ref_devic
             tgts = ctls if tgt is None else gen.greedy(tgt, batch, config.new_tokens,
                                                        target.device, pad)
         except Exception as exc:
-            raise StageError(f"target generate() raised {type(exc).__name__}: {exc}",
+            raise TargetFault(f"target generate() raised {type(exc).__name__}: {exc}",
                              field="target.plugins" if target.plugins else "target",
                              fix="fix the target's kernels/plugins (cached decoding path)"
                              ) from exc

@@ -1,0 +1,53 @@
+"""The ``validate`` flow for the CLI: in this process, on a served deployment, or served here.
+
+Each function takes a :class:`day0.request.ValidateRequest` (the flow's parameters, checked
+before Prefect starts) and returns report.json as a dict.
+"""
+
+from __future__ import annotations
+
+from day0.errors import StageError
+from day0.request import ValidateRequest
+
+FLOW = "validate"
+
+
+def validate(request: ValidateRequest) -> dict:
+    """Run the flow in this process (against PREFECT_API_URL, else a temporary local server)."""
+    from flows.validate import validate as flow
+
+    return flow(**request.as_parameters())
+
+
+def deployment_name(deployment: str) -> str:
+    """'day0' -> 'validate/day0'; a full 'flow/deployment' name is kept."""
+    return deployment if "/" in deployment else f"{FLOW}/{deployment}"
+
+
+def validate_on(deployment: str, request: ValidateRequest) -> dict:
+    """Submit to a served/deployed `validate` and wait; its final state must be Completed."""
+    from day0.orchestration import submit
+    from flows.results import read_report
+
+    flow_run = submit.run(deployment_name(deployment), request.as_parameters(), timeout=None,
+                          as_subflow=False)
+    if not flow_run.state or not flow_run.state.is_completed():
+        raise StageError(f"flow run {flow_run.name} ({flow_run.id}) ended "
+                         f"{flow_run.state.name if flow_run.state else 'without a state'}",
+                         field="--deployment", fix="open the run in the Prefect UI for its logs")
+    return read_report(flow_run)  # plain JSON: never State.result(), which may unpickle
+
+
+def serve(name: str, *, limit: int | None = None, target: str | None = None) -> None:
+    """Register deployment validate/<name> on PREFECT_API_URL and run its flow runs here."""
+    from prefect.deployments.runner import EntrypointType
+
+    from flows.validate import validate as flow
+
+    # module entrypoint: runs resolve `flows.validate` from the installed package, whatever the cwd
+    flow.serve(name=name, limit=limit, tags=["day0"], entrypoint_type=EntrypointType.MODULE_PATH,
+               parameters={"target": target} if target else None,
+               description="day0 validation: the registered stages, gates, report.")
+
+
+__all__ = ["validate", "validate_on", "serve", "deployment_name"]

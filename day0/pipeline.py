@@ -1,0 +1,88 @@
+"""What the `validate` flow decides between stages, without Prefect: which stage may run, what
+each later stage is given, and the verdict from all outcomes.
+
+The flow (flows/validate.py) only wires: for each wave of :func:`day0.stages.plan` it asks
+:func:`blocked` whether a stage may run, builds its inputs with :func:`stage_inputs`, runs the
+others of the wave in parallel, and ends with :func:`conclude`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from day0 import gates as gating
+from day0 import stages
+from day0.contract import StageInputs
+from day0.gates import GateResult, GatesFile
+from day0.stage import StageOutcome
+from day0.targets import Target
+
+
+def check_configs(configs: dict, where: str | None = None) -> None:
+    """Every stage_configs key names a registered stage (ConfigError with did-you-mean)."""
+    from day0.errors import ConfigError, did_you_mean
+
+    known = stages.names()
+    for name in configs or {}:
+        if name not in known:
+            raise ConfigError(f"unknown stage '{name}'", file=where, field=name,
+                              fix=did_you_mean(name, known).strip() or f"use one of {known}")
+
+
+def blocked(name: str, outcomes: dict[str, StageOutcome], skipped: dict[str, str]) -> str | None:
+    """Why stage `name` must not run, or None: a stage it requires or runs after failed, was not
+    run, or found the checkpoint broken (comparing broken weights tells nothing)."""
+    stage = stages.get(name)
+    for dep in (*stage.requires, *stage.after):
+        if dep in skipped:
+            return f"not run: {dep} was not run"
+        outcome = outcomes.get(dep)
+        if outcome is None or not outcome.ok:
+            return f"not run: {dep} failed"
+        if (outcome.result or {}).get("checkpoint_problems"):
+            return "not run: the checkpoint is broken"
+    return None
+
+
+def stage_inputs(name: str, base: StageInputs, outcomes: dict[str, StageOutcome]
+                 ) -> tuple[StageInputs, dict[str, str]]:
+    """The stage's inputs (with the results it requires as upstream) and the cache keys of
+    those stages (its key includes them; never their results, which carry timings)."""
+    required = stages.get(name).requires
+    upstream = {dep: outcomes[dep].result or {} for dep in required}
+    keys = {dep: outcomes[dep].cache_key or "" for dep in required}
+    return base.model_copy(update={"upstream": upstream}), keys
+
+
+def facts_of(name: str, outcome: StageOutcome) -> dict:
+    """The model facts a finished stage contributes (day0.stages `facts` hook)."""
+    return stages.get(name).facts(outcome.result or {}) if outcome.ok else {}
+
+
+@dataclass
+class Conclusion:
+    gate_results: list[GateResult]
+    verdict: str
+    checkpoint_problems: list[str] = field(default_factory=list)
+
+
+def conclude(gate_file: GatesFile, target: Target, outcomes: dict[str, StageOutcome],
+             skipped: dict[str, str], facts: dict) -> Conclusion:
+    """Gates over every metric, then the verdict: a target that raised is a finding (its gates
+    fail: FAIL); a stage that broke is ERROR; a checkpoint any stage found broken is BROKEN."""
+    failed = {name: o.error or "failed" for name, o in outcomes.items() if not o.ok}
+    missing = {name: f"stage {name} failed: {error}" for name, error in failed.items()}
+    missing.update(skipped)
+    for name in stages.names():
+        missing.setdefault(name, "not run: stage not selected for this validation")
+    metrics = {k: v for o in outcomes.values() for k, v in o.metrics.items()}
+    results = gating.evaluate(gate_file, metrics, is_moe=bool(facts.get("moe")),
+                              missing_reasons=missing, claim=target.claim)
+    broken = {name: error for name, error in failed.items() if outcomes[name].failure != "target"}
+    checkpoint_problems = list(dict.fromkeys(
+        p for o in outcomes.values() if o.ok for p in (o.result or {}).get("checkpoint_problems", [])))
+    return Conclusion(results, gating.verdict(results, broken, checkpoint_problems),
+                      checkpoint_problems)
+
+
+__all__ = ["check_configs", "blocked", "stage_inputs", "facts_of", "conclude", "Conclusion"]

@@ -1,0 +1,187 @@
+"""The stage registry: every stage is a package, found by name, planned from what it requires.
+
+A stage is a module (usually a package ``day0/stages/<name>/``) exposing:
+
+==================  ==========================================================================
+``Config``          pydantic, ``extra="forbid"``: the stage's own settings (stage_configs[name])
+``Result``          pydantic, a :class:`day0.contract.StageResult`: its evidence, as JSON
+``run``             ``run(config, inputs) -> Result``: the pure core, no Prefect inside
+``REQUIRES``        stages whose results it reads (``inputs.upstream[name]``; part of its cache
+                    key); default ``()``
+``AFTER``           stages it only runs after (they must succeed and find the checkpoint sound;
+                    not read, not in its cache key); default ``()``
+``TARGET_KINDS``    target kinds it supports (``Target.kind``); default ``("torch",)``
+``METRICS``         YAML declaring the metrics ``Result.metrics()`` may produce; default
+                    ``day0/data/metrics/<name>.yaml``
+``facts``           optional ``facts(result: dict) -> dict``: model facts (architecture, params,
+                    moe, dimensions) for the report, the gates' ``applies_to`` and budgets
+``evidence``        optional ``evidence(result: dict) -> dict``: what report.json keeps under
+                    ``evidence[name]``; default the whole result
+``markdown``        optional ``markdown(result: dict, gates: list) -> str``: its report.md
+                    section; default a table of its metrics
+``tables``          optional ``tables(result: dict) -> dict[key, (description, rows)]``: extra
+                    tables shown as Prefect artifacts
+==================  ==========================================================================
+
+Stages are found, in this order: the built-ins below, the ``day0.stages`` entry-point group
+(``name = "pkg.module"`` or ``"pkg.module:attr"``; how a vendor package adds a stage without
+touching day0), and :func:`register` at run time. A locator is imported lazily, only when the
+stage is used, so listing stages or checking a gates file never imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from types import ModuleType
+from typing import Callable
+
+from day0 import DATA_DIR
+from day0.errors import ConfigError, InputError, did_you_mean
+
+ENTRY_POINT_GROUP = "day0.stages"
+BUILTIN = {"analysis": "day0.stages.analysis", "scan": "day0.stages.scan",
+           "alignment": "day0.stages.alignment"}
+_registered: dict[str, str] = {}
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One registered stage: its name, where it lives, and its declared hooks."""
+
+    name: str
+    locator: str  # "pkg.module" or "pkg.module:attr"
+
+    @cached_property
+    def module(self) -> ModuleType:
+        module_name, _, attr = self.locator.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and module_name.startswith(exc.name):
+                raise InputError(f"stage '{self.name}' names module '{module_name}', which is "
+                                 "not installed", field="stage",
+                                 fix="install the package that provides it, or fix its entry "
+                                     f"point in group '{ENTRY_POINT_GROUP}'") from None
+            raise
+        target = getattr(module, attr) if attr else module
+        missing = [a for a in ("Config", "Result", "run") if not hasattr(target, a)]
+        if missing:
+            raise InputError(f"stage '{self.name}' ({self.locator}) lacks {', '.join(missing)}",
+                             field="stage", fix="a stage exposes Config, Result and "
+                                                "run(config, inputs) (see day0.stages)")
+        return target
+
+    def hook(self, name: str, default=None):
+        return getattr(self.module, name, default)
+
+    @property
+    def requires(self) -> tuple[str, ...]:
+        return tuple(self.hook("REQUIRES", ()))
+
+    @property
+    def after(self) -> tuple[str, ...]:
+        return tuple(self.hook("AFTER", ()))
+
+    @property
+    def target_kinds(self) -> tuple[str, ...]:
+        return tuple(self.hook("TARGET_KINDS", ("torch",)))
+
+    @property
+    def metrics_file(self) -> Path:
+        if self.name in BUILTIN and self.locator == BUILTIN[self.name]:
+            # known without importing the stage (its module imports torch)
+            return DATA_DIR / "metrics" / f"{self.name}.yaml"
+        return Path(self.hook("METRICS", DATA_DIR / "metrics" / f"{self.name}.yaml"))
+
+    def facts(self, result: dict) -> dict:
+        fn: Callable | None = self.hook("facts")
+        return dict(fn(result)) if fn else {}
+
+    def evidence(self, result: dict) -> dict:
+        fn: Callable | None = self.hook("evidence")
+        return dict(fn(result)) if fn else dict(result)
+
+
+def register(name: str, locator: str) -> None:
+    """Add (or replace) a stage at run time; child processes get the locator with the spec."""
+    if not name.isidentifier():
+        raise ConfigError(f"stage name '{name}' is not an identifier", field="stage",
+                          fix="use letters, digits and underscores")
+    _registered[name] = locator
+
+
+def unregister(name: str) -> None:
+    _registered.pop(name, None)
+
+
+def _entry_points() -> dict[str, str]:
+    return {ep.name: ep.value for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def locators() -> dict[str, str]:
+    """name -> locator of every stage: built-ins, then entry points, then register()."""
+    return {**BUILTIN, **_entry_points(), **_registered}
+
+
+def names() -> list[str]:
+    return list(locators())
+
+
+def get(name: str, locator: str | None = None) -> Stage:
+    """The stage called name (a given locator wins: what the parent resolved for a child)."""
+    found = locator or locators().get(name)
+    if found is None:
+        known = names()
+        raise InputError(f"unknown stage '{name}'", field="stage",
+                         fix=did_you_mean(name, known).strip() or f"use one of {', '.join(known)}")
+    return Stage(name, found)
+
+
+def plan(selected: list[str] | None, target_kind: str) -> list[list[str]]:
+    """Waves of stage names: each wave runs after the previous one, its stages in parallel.
+
+    selected: the stages asked for (None: every stage supporting the target kind), plus what
+    they require or run after. A stage that does not support the target kind, an unknown
+    stage or a cycle is a ConfigError naming it."""
+    stages = {n: get(n) for n in names()}
+    wanted = [n for n, s in stages.items() if target_kind in s.target_kinds] if selected is None \
+        else list(selected)
+    order: list[str] = []
+    problems: list[str] = []
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        if name in order:
+            return
+        if name in path:
+            problems.append("stages depend on each other in a cycle: " + " -> ".join(path + (name,)))
+            return
+        stage = stages.get(name) or get(name)
+        if target_kind not in stage.target_kinds:
+            problems.append(f"stage '{name}' does not support '{target_kind}' targets "
+                            f"(it supports {', '.join(stage.target_kinds)})")
+            return
+        for dep in (*stage.requires, *stage.after):
+            visit(dep, path + (name,))
+        order.append(name)
+
+    for name in wanted:
+        visit(name, ())
+    if problems:
+        raise ConfigError(problems[0], field="stages", fix="choose stages whose needs can be met")
+    waves: list[list[str]] = []
+    level: dict[str, int] = {}
+    for name in order:  # dependencies come first in order
+        stage = stages.get(name) or get(name)
+        level[name] = 1 + max((level[d] for d in (*stage.requires, *stage.after)), default=-1)
+        while len(waves) <= level[name]:
+            waves.append([])
+        waves[level[name]].append(name)
+    return waves
+
+
+__all__ = ["Stage", "ENTRY_POINT_GROUP", "BUILTIN", "register", "unregister", "locators",
+           "names", "get", "plan"]

@@ -1,0 +1,55 @@
+"""Numerical alignment stage: does the target compute what the cpu/float32 reference computes,
+and is it as close to it as a known-good port (the control) is?
+
+Three models see the same windows: the reference (float32, reference device), the control (the
+same implementation at the target's dtype on the reference device, no plugins) and the target.
+Levels, from the smallest unit to end-to-end behaviour:
+
+* operators   - every aten op of a short reference forward, replayed on the target (ops.py);
+* layers      - each decoder layer's output error, target vs control, by position bucket;
+* logits      - per-position KL(ref||target) vs KL(ref||control), top-1 agreement (logits.py);
+* MoE routing - expert-set agreement of target and control with the reference (layers.py);
+* perplexity  - target vs control on the same tokens (paired.py);
+* generation  - greedy continuations of prompts from the text (generation.py).
+
+Windows start like documents (BOS) with a few context-only positions and reach the model's
+trained context (up to ``seq_len_cap``), run in chunks over a KV cache, so faults that only show
+at far positions are found. Relative gates read paired block-bootstrap bounds (paired.py).
+
+What it proves: the target computes what the reference computes, within what a correct port at
+the target's dtype costs. What it needs: the checkpoint's weights and tokenizer (local or s3://,
+materialised once), a torch device for the target, memory for three copies of the model
+(day0.budget). Runs after analysis (a checkpoint found broken there is not compared); reads no
+other stage's result.
+"""
+
+from __future__ import annotations
+
+from day0.stages.alignment.report import (evidence, first_divergent_layer_line, layer_rows,
+                                          markdown)
+
+REQUIRES: tuple[str, ...] = ()
+AFTER = ("analysis",)
+TARGET_KINDS = ("torch",)
+
+
+def tables(result: dict) -> dict:
+    """Prefect table artifacts: the per-layer errors (target, control, ratio, bound)."""
+    rows = layer_rows(result)
+    return {"day0-layers": ("Per-layer relative error, target vs reference", rows)} if rows else {}
+
+
+CORE = ("Config", "Result", "run", "Memo")
+
+
+def __getattr__(name: str):
+    # the core imports torch: only when the stage really runs (the flow reads the hooks above)
+    if name not in CORE:
+        raise AttributeError(f"module 'day0.stages.alignment' has no attribute '{name}'")
+    import importlib
+
+    return getattr(importlib.import_module("day0.stages.alignment.core"), name)
+
+
+__all__ = ["REQUIRES", "AFTER", "TARGET_KINDS", "evidence", "markdown", "tables",
+           "first_divergent_layer_line"]

@@ -1,0 +1,116 @@
+"""The layer contracts (pyproject.toml [tool.importlinter], run first by `make test`) hold on this
+tree, and each one fails on a copy of the tree with a forbidden import added: the check can fail.
+
+grimp reads the source (imports inside functions count); the copies hold only the packages'
+Python files, the config and the custom cycle contract, so each lint takes well under a second.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LINT = Path(sys.executable).parent / "lint-imports"
+CONTRACTS = {  # id -> name, as pyproject.toml has them
+    "engine-orchestration": "the engine (day0) reaches prefect, flows and tasks only through "
+                            "day0.orchestration",
+    "cli-dispatch": "the CLI only parses and dispatches",
+    "stages-independent": "stages never import each other",
+    "receiver-no-torch": "the receiver never imports torch or transformers",
+    "no-cycles": "no import cycles between modules of day0, flows and tasks",
+}
+
+
+def lint(cwd: Path) -> tuple[int, str, dict[str, str]]:
+    """(exit status, output, contract name -> KEPT/BROKEN) of lint-imports run in cwd."""
+    proc = subprocess.run([str(LINT), "--no-cache", "--no-logo"], cwd=cwd, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "COLUMNS": "400"})
+    out = proc.stdout + proc.stderr
+    states = dict((name, state) for name, state in re.findall(r"^(.+?) (KEPT|BROKEN)\b", out, re.M))
+    return proc.returncode, out, states
+
+
+def state_of(states: dict[str, str], contract: str) -> str | None:
+    return next((s for name, s in states.items() if name.startswith(CONTRACTS[contract])), None)
+
+
+def test_contracts_hold_on_this_tree():
+    code, out, states = lint(ROOT)
+    assert code == 0, out
+    for contract in CONTRACTS:
+        assert state_of(states, contract) == "KEPT", out
+
+
+def test_make_test_lints_before_pytest():
+    makefile = (ROOT / "Makefile").read_text()
+    test_rule = re.search(r"^test: (.*)$", makefile, re.M).group(1).split()
+    assert test_rule[0] == "lint", "lint must be test's first prerequisite (fail fast)"
+    assert re.search(r"^lint:.*\n\t\$\(VENV\)/bin/lint-imports", makefile, re.M)
+
+
+def _copy_tree(dest: Path) -> Path:
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "data", "*.yaml", "*.txt")
+    for package in ("day0", "flows", "tasks"):
+        shutil.copytree(ROOT / package, dest / package, ignore=ignore)
+    (dest / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "importlint_acyclic.py", dest / "scripts")
+    shutil.copy(ROOT / "pyproject.toml", dest)
+    return dest
+
+
+def _add_import(module: Path, line: str) -> None:
+    """Add `line` at the end of the module (a function-level import counts as much)."""
+    module.write_text(module.read_text() + f"\n\ndef _violation():\n    {line}\n")
+
+
+VIOLATIONS = [
+    # (contract, module to edit, import added, what the report must name)
+    ("engine-orchestration", "day0/gates.py", "import prefect", "day0.gates -> prefect"),
+    ("engine-orchestration", "day0/cli.py", "from flows.validate import validate",
+     "day0.cli -> flows.validate"),
+    ("cli-dispatch", "day0/cli.py", "from day0.yamlio import read_mapping",
+     "day0.cli -> day0.yamlio"),
+    ("stages-independent", "day0/stages/analysis/__init__.py", "from day0.stages import scan",
+     "day0.stages.analysis -> day0.stages.scan"),
+    ("receiver-no-torch", "day0/receiver/journal.py", "import torch",
+     "day0.receiver.journal -> torch"),
+    # transitively: day0.checkpoint builds meta models with day0.modeling, which imports both
+    ("receiver-no-torch", "day0/receiver/events.py", "from day0 import checkpoint",
+     "day0.receiver.events -> day0.checkpoint"),
+    ("no-cycles", "day0/gates.py", "from day0 import report", "day0.gates -> day0.report"),
+]
+
+
+@pytest.mark.parametrize("contract,module,line,named", VIOLATIONS,
+                         ids=[f"{v[0]}:{v[1]}" for v in VIOLATIONS])
+def test_a_forbidden_import_breaks_its_contract(tmp_path, contract, module, line, named):
+    tree = _copy_tree(tmp_path)
+    code, out, states = lint(tree)
+    assert code == 0, "the copy of the tree must lint clean before the violation:\n" + out
+    _add_import(tree / module, line)
+    code, out, states = lint(tree)
+    assert code != 0, out
+    assert state_of(states, contract) == "BROKEN", out
+    broken = [name for name, s in states.items() if s == "BROKEN"]
+    assert len(broken) == 1, f"only {contract} should break:\n{out}"
+    assert named in out, out
+
+
+def test_receiver_loads_no_torch_at_run_time():
+    """What grimp cannot see (a third-party package importing torch) shows at import time."""
+    modules = sorted(f"day0.receiver.{p.stem}" for p in (ROOT / "day0" / "receiver").glob("*.py")
+                     if p.stem != "__init__")
+    code = ("import importlib, sys\n"
+            f"for m in {modules!r}: importlib.import_module(m)\n"
+            "loaded = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers'})\n"
+            "print(loaded); sys.exit(1 if loaded else 0)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,0 +1,171 @@
+"""A stage added from outside day0 (an installed package's entry point, or the registry API)
+runs in the validate flow, is gated and reported; nothing under day0/, flows/ or tasks/ names it.
+
+The plug-in lives in a temporary folder with a ``.dist-info`` declaring it in the ``day0.stages``
+entry-point group, exactly as ``pip install vendor-stage`` would; PYTHONPATH carries it to the
+stage's child process.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import textwrap
+
+import pytest
+import yaml
+
+from day0 import cache, stages
+from day0.contract import StageInputs
+from day0.errors import ConfigError, InputError
+from day0.stage import StageSpec
+from day0.targets import resolve_target
+from tests.conftest import MODELS, ROOT
+
+STAGE_CODE = '''
+"""Echo stage (test plug-in): reports the model's parameter count that analysis found, times a
+factor. What it proves: that a plug-in reads a required stage's result. Needs: analysis."""
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from day0.contract import StageInputs, StageResult
+
+REQUIRES = ("analysis",)
+TARGET_KINDS = ("torch",)
+METRICS = Path(__file__).parent / "metrics.yaml"
+
+
+class Config(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    factor: float = Field(1.0, description="Multiplies the parameter count.")
+
+
+class Result(StageResult):
+    params: float
+    source: str
+
+    def metrics(self):
+        return {"echo.params": self.params}
+
+
+def run(config: Config, inputs: StageInputs) -> Result:
+    total = inputs.upstream["analysis"]["params"]["total"]
+    return Result(params=total * config.factor, source=inputs.source)
+
+
+def markdown(result, gates):
+    return f"## Echo\\n\\n- parameters seen by the echo stage: {result['params']:g}\\n"
+'''
+
+
+@pytest.fixture()
+def echo_stage(tmp_path, monkeypatch):
+    """An installed-looking package `day0_echo_stage` with entry point `echo` in day0.stages."""
+    site = tmp_path / "site"
+    pkg = site / "day0_echo_stage"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(STAGE_CODE)
+    (pkg / "metrics.yaml").write_text(yaml.safe_dump({"metrics": {"echo.params": {
+        "description": "Parameters analysis counted, times factor.", "unit": "count"}}}))
+    dist = site / "day0_echo_stage-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: day0-echo-stage\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[day0.stages]\necho = day0_echo_stage\n")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("PYTHONPATH", f"{site}:{ROOT}")
+    importlib.invalidate_caches()
+    yield site
+    sys.modules.pop("day0_echo_stage", None)
+
+
+def gates_file(tmp_path, threshold: float) -> str:
+    path = tmp_path / f"gates-{threshold:g}.yaml"
+    path.write_text(yaml.safe_dump({"version": 1, "gates": [
+        {"id": "echo-params", "metric": "echo.params", "op": ">=", "threshold": threshold},
+        {"id": "plan-fits", "metric": "analysis.plan_fits", "op": "==", "threshold": 1}]}))
+    return str(path)
+
+
+def test_entry_point_stage_is_registered_planned_and_its_metrics_gateable(echo_stage, tmp_path):
+    assert "echo" in stages.names() and stages.get("echo").requires == ("analysis",)
+    assert stages.plan(["echo"], "torch") == [["analysis"], ["echo"]]
+    assert stages.plan(None, "torch")[0] == ["analysis"]  # echo joins every torch validation
+    from day0.gates import load_gates, metric_catalog
+
+    assert metric_catalog()["echo.params"]["stage"] == "echo"
+    assert [g.metric for g in load_gates(gates_file(tmp_path, 1)).gates][0] == "echo.params"
+
+
+def test_registry_api_and_its_errors(echo_stage):
+    stages.register("echo_again", "day0_echo_stage")
+    try:
+        assert stages.plan(["echo_again"], "torch") == [["analysis"], ["echo_again"]]
+    finally:
+        stages.unregister("echo_again")
+    with pytest.raises(InputError, match="did you mean 'echo'"):
+        stages.get("ech")
+    with pytest.raises(ConfigError, match="does not support 'server' targets"):
+        stages.plan(["echo"], "server")
+    stages.register("missing_stage", "no_such_vendor.stage")
+    try:
+        with pytest.raises(InputError, match="not installed"):
+            stages.get("missing_stage").module
+    finally:
+        stages.unregister("missing_stage")
+
+
+@pytest.mark.integration
+def test_plugin_stage_runs_in_the_flow_is_gated_and_reported(echo_stage, prefect_server, tmp_path):
+    from flows.validate import validate
+
+    source = str(MODELS / "tiny-llama")
+    out = tmp_path / "out"
+    report = validate(source=source, target="cpu-bf16", stages=["echo"], out=str(out),
+                      gates=gates_file(tmp_path, 1), stage_configs={"echo": {"factor": 2.0}})
+    analysis_total = report["model"]["params"]["total"]
+    assert report["verdict"] == "PASS", report["gates"]
+    assert report["metrics"]["echo.params"] == 2.0 * analysis_total
+    assert report["evidence"]["echo"]["params"] == 2.0 * analysis_total
+    assert set(report["stages"]) == {"analysis", "echo"}  # scan and alignment not selected
+    on_disk = json.loads((out / "report.json").read_text())
+    assert on_disk["gates"][0]["id"] == "echo-params" and on_disk["gates"][0]["passed"]
+    assert f"parameters seen by the echo stage: {2.0 * analysis_total:g}" in (out / "report.md").read_text()
+    # the same stage's metric can fail its gate: the verdict follows
+    failed = validate(source=source, target="cpu-bf16", stages=["echo"],
+                      gates=gates_file(tmp_path, 1e12), stage_configs={"echo": {"factor": 2.0}})
+    assert failed["verdict"] == "FAIL" and not failed["gates"][0]["passed"]
+    assert failed["stages"]["echo"]["cached"]  # same weights, config and code: reused
+    # a bad config of the plug-in is the plug-in's config error, with did-you-mean
+    bad = validate(source=source, target="cpu-bf16", stages=["echo"],
+                   gates=gates_file(tmp_path, 1), stage_configs={"echo": {"facter": 2.0}})
+    assert bad["stages"]["echo"]["failure"] == "config" and "factor" in bad["stages"]["echo"]["error"]
+
+
+def test_cache_keys_hold_only_what_a_stage_reads(echo_stage):
+    """scan does not read analysis: a re-run of analysis never invalidates it; echo reads it."""
+    inputs = StageInputs(source=str(MODELS / "tiny-llama"), target=resolve_target("cpu-bf16"))
+    scan = StageSpec(stage="scan", locator="day0.stages.scan", inputs=inputs)
+    assert cache.stage_key(scan, "w") == cache.stage_key(
+        scan.model_copy(update={"facts": {"params": {"total": 5}}}), "w")  # budgets only
+    echo = StageSpec(stage="echo", locator="day0_echo_stage", inputs=inputs.model_copy(
+        update={"upstream": {"analysis": {"params": {"total": 5}, "wall_s": 0.1}}}))
+    same = echo.model_copy(update={"inputs": inputs.model_copy(
+        update={"upstream": {"analysis": {"params": {"total": 5}, "wall_s": 9.9}}})})
+    # keyed by the required stage's key, not its result (whose timing changes every run)
+    assert cache.stage_key(echo, "w", {"analysis": "k1"}) == cache.stage_key(same, "w", {"analysis": "k1"})
+    assert cache.stage_key(echo, "w", {"analysis": "k1"}) != cache.stage_key(echo, "w", {"analysis": "k2"})
+    # the plug-in's own code is in its key
+    before = cache.stage_key(echo, "w", {"analysis": "k1"})
+    (echo_stage / "day0_echo_stage" / "__init__.py").write_text(STAGE_CODE + "\n# changed\n")
+    assert cache.stage_key(echo, "w", {"analysis": "k1"}) != before
+
+
+def test_every_stage_folder_says_what_it_proves_and_needs():
+    for name in stages.BUILTIN:
+        doc = importlib.import_module(f"day0.stages.{name}").__doc__ or ""
+        assert "What it proves" in doc and "needs" in doc, name
+    assert not (ROOT / "day0" / "stages" / "echo").exists()
+    text = textwrap.dedent(STAGE_CODE)
+    assert "What it proves" in text
