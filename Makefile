@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 
 DAY0_IMAGE  ?= day0:local
 
-.PHONY: demo test lint install fixtures bench clean docker-engine images image
+.PHONY: demo test lint install fixtures bench clean docker-engine images image browser stack
 
 install: $(STAMP)
 
@@ -22,16 +22,19 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
+# One Prefect server (PREFECT_HOME under day0's cache dir) for every fixture, then stopped.
 demo: $(STAMP)
-	@set -e; for m in $(FIXTURES); do \
-	  echo "=== day0 validate tests/fixtures/models/$$m --target $(DEMO_TARGET)"; \
-	  $(VENV)/bin/day0 validate tests/fixtures/models/$$m --target $(DEMO_TARGET) \
-	    --text tests/fixtures/text/heldout.txt --out out/demo/$$m; \
-	done
+	@$(PY) scripts/demo.py --target $(DEMO_TARGET) --out out/demo $(FIXTURES)
 
-# `make test` checks the layer contracts first (seconds; fails fast), then sets up Docker and
-# builds the images itself: the tests marked `docker` always run.
-test: lint images
+# The release-to-verdict stack as processes of this user, no Docker: Prefect + UI, receiver,
+# SeaweedFS, `day0 serve`; `$(VENV)/bin/day0 stack down` stops it (README, "The stack by hand").
+stack: $(STAMP)
+	$(VENV)/bin/day0 stack up
+
+# `make test` checks the layer contracts first (seconds; fails fast), then sets up Docker, builds
+# the images and finds (or installs) Chromium itself: the tests marked `docker` and `browser`
+# always run.
+test: lint images browser
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # import-linter contracts in pyproject.toml: engine/Prefect adapter, stage independence, a
@@ -42,6 +45,10 @@ lint: $(STAMP)
 # A Docker engine (installs/starts Debian's dockerd when none answers) + the compose v2 plugin.
 docker-engine: $(STAMP)
 	VENV=$(VENV) scripts/docker_engine.sh
+
+# Headless Chromium for tests/test_ui.py (installs Debian's chromium when none is found; needs root).
+browser:
+	scripts/browser.sh
 
 # day0/base:bookworm (debootstrap, cached), build/wheelhouse, $(DAY0_IMAGE); nothing is pulled.
 images: $(STAMP) docker-engine

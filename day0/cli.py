@@ -76,6 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("gates", help="check a gates file", description="Validate a gates file and list its gates.")
     p.add_argument("file", nargs="?", default=None, help="gates file (default ./gates.yaml)")
     _add_hooks_parser(sub)
+    _add_stack_parser(sub)
     return parser
 
 
@@ -90,6 +91,36 @@ def _add_hooks_parser(sub) -> None:
     s.add_argument("--config", default=None, help="receiver YAML (see day0/data/receiver.yaml)")
     s.add_argument("--host", default=None, help="listen address (default from config: 127.0.0.1)")
     s.add_argument("--port", type=int, default=None, help="listen port (default from config: 8787)")
+
+
+def _add_stack_parser(sub) -> None:
+    p = sub.add_parser("stack", help="the release-to-verdict stack on this machine, without Docker",
+                       description="Prefect server + UI, release receiver, SeaweedFS (S3, bucket "
+                                   "models) and `day0 serve`, as processes of this user with state "
+                                   "under ${XDG_STATE_HOME:-~/.local/state}/day0/stack.")
+    stack = p.add_subparsers(dest="stack_command", required=True, metavar="SUBCOMMAND")
+    where = argparse.ArgumentParser(add_help=False)
+    where.add_argument("--state-dir", default=None, help=(
+        "state, secrets, data and logs (default $DAY0_STACK_DIR, else "
+        "${XDG_STATE_HOME:-~/.local/state}/day0/stack)"))
+    s = stack.add_parser("up", parents=[where], help="start the four processes, each once healthy",
+                         description="Start Prefect, the receiver, SeaweedFS and `day0 serve` in "
+                                     "order; print the UI URL and the upload command.")
+    for name, default in (("prefect", 4200), ("receiver", 8787), ("s3", 8333)):
+        s.add_argument(f"--{name}-port", type=int, default=None, help=(
+            f"port (default $DAY0_STACK_{name.upper()}_PORT, else the last up's, else {default} "
+            "if free, else a free one)"))
+    s.add_argument("--target", default="cpu-bf16", help="target the deployment validates (cpu-bf16)")
+    s.add_argument("--timeout", type=float, default=None, help="seconds each process may take to be healthy")
+    stack.add_parser("down", parents=[where], help="stop everything `up` started")
+    stack.add_parser("status", parents=[where], help="pid, ports and liveness of each process (exit 1 unless all run)")
+    s = stack.add_parser("upload", parents=[where], help="upload a checkpoint folder to s3://models/NAME",
+                         description="Upload DIR's files to s3://models/NAME/ (shards last): the "
+                                     "receiver starts one validation once it is complete.")
+    s.add_argument("folder", metavar="DIR", help="checkpoint folder")
+    s.add_argument("name", metavar="NAME", help="model name = key prefix, e.g. acme/tiny-llama")
+    s.add_argument("--wait", action="store_true", help="follow the run it starts; exit 0 when it completed")
+    s.add_argument("--timeout", type=float, default=900, help="seconds --wait waits (900)")
 
 
 def _inputs(args):
@@ -131,6 +162,9 @@ def cmd_validate(args) -> int:
         print(f"day0: error: {error}", file=sys.stderr)
         return code
     print(report.model_dump_json(indent=2) if args.json else reporting.verdict_table(report))
+    # first divergent layer, report path, results URI (stderr with --json: stdout stays JSON)
+    for line in reporting.closing_lines(report, req.out):
+        print(line, file=sys.stderr if args.json else sys.stdout)
     return code
 
 
@@ -184,9 +218,25 @@ def cmd_hooks(args) -> int:
     return 0
 
 
+def cmd_stack(args) -> int:
+    from day0 import stack
+
+    if args.stack_command == "up":
+        ports = {"prefect": args.prefect_port, "receiver": args.receiver_port, "s3": args.s3_port}
+        stack.up(args.state_dir, ports=ports, target=args.target, timeout_s=args.timeout)
+        return 0
+    if args.stack_command == "down":
+        stack.down(args.state_dir)
+        return 0
+    if args.stack_command == "status":
+        return 0 if stack.status(args.state_dir) else 1
+    return stack.upload(args.folder, args.name, args.state_dir, wait=args.wait,
+                        timeout_s=args.timeout)
+
+
 COMMANDS = {"analyze": cmd_analyze, "scan": cmd_scan, "validate": cmd_validate, "serve": cmd_serve,
             "targets": cmd_targets, "metrics": cmd_metrics, "gates": cmd_gates,
-            "hooks": cmd_hooks}
+            "hooks": cmd_hooks, "stack": cmd_stack}
 
 
 def main(argv: list[str] | None = None) -> int:

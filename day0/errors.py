@@ -10,6 +10,8 @@ Hierarchy::
     ├── TargetFault            the target itself failed (its forward raised, ...): FAIL, exit 1
     ├── StageError             a stage could not finish (crash, timeout, out of memory, its own
     │                          bug): ERROR, exit code 3
+    ├── StackError             `day0 stack`: a process of the hand-run stack did not start or
+    │                          stop (names it): exit code 3
     └── ReceiverError          the release receiver refuses a request or cannot serve it now;
         │                      ``status`` is its HTTP answer, ``reason`` safe to show the sender
         ├── BadRequest         400/409/413/422: the body or a field is wrong (status given)
@@ -149,6 +151,12 @@ class TargetFault(Day0Error):
 
 class StageError(Day0Error):
     """A stage did not produce a result: it crashed, timed out, exhausted memory or broke."""
+
+    exit_code = 3
+
+
+class StackError(Day0Error):
+    """A process of the hand-run stack (day0.stack) did not become healthy or did not stop."""
 
     exit_code = 3
 

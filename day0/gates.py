@@ -1,8 +1,9 @@
 """Release gates: gates.yaml turns stage metrics into PASS/FAIL with reasons.
 
 Validated at load with every problem at once: a gate naming a metric no stage produces is a
-config error ("did you mean"). At evaluation a missing metric fails its gate, and so does a
-NaN or infinite value: a comparison with NaN never passes.
+config error ("did you mean"). At evaluation a missing metric fails its gate ("not evaluated",
+with its stage and why: reports show one row per stage then), and so does a NaN or infinite
+value: a comparison with NaN never passes.
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ class GateResult(BaseModel):
     applicable: bool = True
     severity: str
     reason: str
+    not_evaluated: str | None = Field(None, description=(
+        "Why the metric is missing, 'stage <name>: <reason>' (its stage failed or did not run); "
+        "None when it was observed. Such a gate fails; ERROR or BROKEN still win the verdict."))
 
 
 def metric_catalog() -> dict[str, dict]:
@@ -125,7 +129,8 @@ def load_gates(path: str | Path | None = None) -> GatesFile:
 def evaluate(gates: GatesFile, metrics: dict[str, float | None], *, is_moe: bool,
              missing_reasons: dict[str, str] | None = None, claim: str = "faithful"
              ) -> list[GateResult]:
-    """Judge every gate. missing_reasons maps a metric prefix (stage) to why it is absent;
+    """Judge every gate. missing_reasons maps a metric prefix (stage) to why it is absent
+    (e.g. "failed: <error>", "not run: analysis failed");
     claim selects by_claim thresholds (the target's claim)."""
     results = []
     for gate in gates.gates:
@@ -140,10 +145,12 @@ def evaluate(gates: GatesFile, metrics: dict[str, float | None], *, is_moe: bool
             continue
         observed = metrics.get(gate.metric)
         if observed is None:
-            why = next((r for prefix, r in (missing_reasons or {}).items()
-                        if gate.metric.startswith(prefix + ".")), "no stage reported it")
-            results.append(GateResult(**base, observed=None, passed=False,
-                                      reason=f"metric missing: {why}"))
+            stage, why = next(((prefix, r) for prefix, r in (missing_reasons or {}).items()
+                               if gate.metric.startswith(prefix + ".")),
+                              (gate.metric.split(".")[0], "no stage reported it"))
+            note = f"stage {stage}: {why}"
+            results.append(GateResult(**base, observed=None, passed=False, not_evaluated=note,
+                                      reason=f"not evaluated ({note})"))
             continue
         observed = float(observed)
         if not math.isfinite(observed):

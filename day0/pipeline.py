@@ -71,10 +71,11 @@ def conclude(gate_file: GatesFile, target: Target, outcomes: dict[str, StageOutc
     """Gates over every metric, then the verdict: a target that raised is a finding (its gates
     fail: FAIL); a stage that broke is ERROR; a checkpoint any stage found broken is BROKEN."""
     failed = {name: o.error or "failed" for name, o in outcomes.items() if not o.ok}
-    missing = {name: f"stage {name} failed: {error}" for name, error in failed.items()}
+    # why a stage's metrics are missing; a report shows "not evaluated (stage X: why)" once
+    missing = {name: f"failed: {error}" for name, error in failed.items()}
     missing.update(skipped)
     for name in stages.names():
-        missing.setdefault(name, "not run: stage not selected for this validation")
+        missing.setdefault(name, "not run: not selected for this validation")
     metrics = {k: v for o in outcomes.values() for k, v in o.metrics.items()}
     results = gating.evaluate(gate_file, metrics, is_moe=bool(facts.get("moe")),
                               missing_reasons=missing, claim=target.claim)

@@ -1,4 +1,9 @@
-"""The validation report: report.json (machine) and report.md (people), from stage outcomes."""
+"""The validation report: report.json (machine) and report.md (people), from stage outcomes.
+
+report.md (and the Prefect report artifact) opens with the verdict and the first failing gate
+(:func:`headline`); its gates table lists failing rows first with their severity, and a stage
+that did not run is one "not evaluated" row, not a FAIL per gate (:func:`gate_rows`). The
+stages' ``plots`` hooks give PNGs kept as ``plots/<stage>-<name>.png`` next to report.json."""
 
 from __future__ import annotations
 
@@ -57,6 +62,9 @@ class Report(BaseModel):
     errors: list[str] = Field(default_factory=list, description="Failed stages, one line each.")
     checkpoint_problems: list[str] = Field(default_factory=list, description=(
         "Findings that the checkpoint itself is broken (not the target), from every stage."))
+    findings: list[str] = Field(default_factory=list, description=(
+        "One-line findings of the stages (their `findings` hook), e.g. the first divergent "
+        "layer; in the headline and printed by the CLI."))
     created_at: str
     day0_version: str = __version__
     results_uri: str | None = Field(None, description=(
@@ -73,10 +81,11 @@ def build(*, source: str, target: Target, reference: Target, outcomes: dict[str,
     metrics: dict[str, float | None] = {}
     for outcome in outcomes.values():
         metrics.update(outcome.metrics)
-    evidence = {}
+    evidence, findings = {}, []
     for name, outcome in outcomes.items():
         if outcome.ok and outcome.result is not None:
             evidence[name] = _hook(name, "evidence", outcome.result) or {}
+            findings += list(_hook(name, "findings", evidence[name]) or [])
     return Report(
         verdict=verdict, source=source, target=target, reference=reference, gates=gate_results,
         identity=dict(identity or {}), model=dict(facts or {}),
@@ -86,7 +95,7 @@ def build(*, source: str, target: Target, reference: Target, outcomes: dict[str,
                 for name, o in outcomes.items()},
         metrics=metrics, evidence=evidence,
         errors=[f"stage {name}: {o.error}" for name, o in outcomes.items() if not o.ok],
-        checkpoint_problems=list(checkpoint_problems or []),
+        checkpoint_problems=list(checkpoint_problems or []), findings=findings,
         created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     )
 
@@ -114,12 +123,73 @@ def _fmt(value) -> str:
     return str(value)
 
 
-def gate_rows(report: Report) -> list[dict]:
-    return [{"gate": g.id, "metric": g.metric, "observed": _fmt(g.observed),
-             "threshold": f"{g.op} {g.threshold:g}",
-             "result": ("n/a" if not g.applicable else "PASS" if g.passed else
-                        ("FAIL" if g.severity == "error" else "WARN")),
-             "reason": g.reason} for g in report.gates]
+# thresholds as the Prefect UI renders them: it reads each table cell as markdown, where a cell
+# starting with ">" is a blockquote
+UI_OPS = {"<=": "≤", ">=": "≥", "==": "=", "<": "<", ">": "above"}
+ORDER = {"FAIL": 0, "WARN": 1, "not evaluated": 2, "PASS": 3, "n/a": 4}
+
+
+def _result(g: GateResult) -> str:
+    if not g.applicable:
+        return "n/a"
+    if g.passed:
+        return "PASS"
+    if g.not_evaluated:
+        return "not evaluated"
+    return "FAIL" if g.severity == "error" else "WARN"
+
+
+def gate_rows(report: Report, markup: bool = False) -> list[dict]:
+    """The gates, failing first (FAIL, WARN, not evaluated, PASS, n/a; gates.yaml order within),
+    with severity; the gates a stage that did not run left unevaluated are one row per stage
+    and reason. markup: for markdown and the Prefect UI (bold failures, ≥/≤ thresholds)."""
+    rows: list[tuple[int, dict]] = []
+    grouped: dict[str, dict] = {}
+    for g in report.gates:
+        result = _result(g)
+        op = UI_OPS.get(g.op, g.op) if markup else g.op
+        row = {"result": result, "severity": g.severity, "gate": g.id,
+               "observed": _fmt(g.observed), "threshold": f"{op} {g.threshold:g}",
+               "reason": g.reason, "metric": g.metric}
+        if result == "not evaluated":
+            if (first := grouped.get(g.not_evaluated)) is not None:
+                first["gate"] += f", {g.id}"
+                first["metric"], first["threshold"] = g.metric.split(".")[0] + ".*", "—"
+                if g.severity == "error":
+                    first["severity"] = "error"
+                continue
+            grouped[g.not_evaluated] = row
+        rows.append((ORDER[result], row))
+    out = [row for _, row in sorted(rows, key=lambda r: r[0])]
+    if markup:
+        for row in out:
+            if row["result"] in ("FAIL", "WARN", "not evaluated"):
+                row["result"] = f"**{row['result']}**"
+    return out
+
+
+def headline(report: Report) -> str:
+    """One line: the verdict and why - the first failing gate (gates.yaml order), the stage that
+    could not finish, or the checkpoint problem - then the stages' findings."""
+    verdict = report.verdict
+    failing = [g for g in report.gates if g.applicable and not g.passed]
+    if verdict == "BROKEN":
+        why = "the checkpoint itself is broken" + (
+            f": {report.checkpoint_problems[0]}" if report.checkpoint_problems else "")
+    elif verdict == "ERROR":
+        broken = [(n, s) for n, s in report.stages.items() if not s.ok and s.failure != "target"]
+        why = (f"stage {broken[0][0]} could not finish: {broken[0][1].error}" if broken
+               else "a stage could not finish")
+    elif verdict == "FAIL":
+        first = next((g for g in failing if g.severity == "error"), None)
+        why = "first failing gate " + (
+            "?" if first is None else f"{first.id} {first.reason}" if first.not_evaluated
+            else f"{first.id} ({first.metric}: {first.reason})")
+    else:
+        applicable = sum(g.applicable for g in report.gates)
+        why = (f"{applicable - len(failing)} of {applicable} gates hold; warnings: "
+               + ", ".join(g.id for g in failing)) if failing else f"all {applicable} gates hold"
+    return "; ".join([f"{verdict}: {why}", *report.findings])
 
 
 def stage_tables(report: Report) -> dict[str, tuple[str, list[dict]]]:
@@ -139,11 +209,14 @@ def _table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def to_markdown(report: Report) -> str:
+def to_markdown(report: Report, images: dict[str, str] | None = None) -> str:
+    """report.md; images: plot name -> where its PNG is (a relative path, or a data: URI for
+    the Prefect UI), shown under "Plots"."""
     model = report.model or {}
     params = model.get("params") or {}
     ident = report.identity or {}
-    parts = [f"# day0 validation: {report.verdict}\n"]
+    first, _, rest = headline(report).partition(": ")
+    parts = [f"# day0 validation: {report.verdict}\n", f"**{first}**: {rest}\n"]
     if report.checkpoint_problems:  # first: nothing below is about the target then
         parts += (["## The checkpoint is broken\n"] + [f"- {p}" for p in report.checkpoint_problems]
                   + ["", "Target and reference load the same broken weights: the comparisons "
@@ -160,7 +233,9 @@ def to_markdown(report: Report) -> str:
         parts.insert(-1, f"- results: `{report.results_uri}`")
     if report.errors:
         parts += ["## Errors\n"] + [f"- {e}" for e in report.errors] + [""]
-    parts += ["## Gates\n", _table(gate_rows(report))]
+    parts += ["## Gates\n", _table(gate_rows(report, markup=True))]
+    if images:
+        parts += ["## Plots\n"] + [f"![{name}]({src})\n" for name, src in images.items()]
     parts += ["## Stages\n", _table([{"stage": n, "ok": s.ok, "cached": s.cached,
                                        "seconds": s.seconds, "ran in": s.ran_in,
                                        "budget": _budget(s.budget), "error": s.error or ""}
@@ -186,8 +261,12 @@ def _budget(budget: StageBudget | None) -> str:
 
 
 def verdict_table(report: Report) -> str:
-    """Plain-text table for the terminal."""
+    """Plain-text table for the terminal (gates failing first)."""
     rows = gate_rows(report)
+    for r in rows:
+        if r["result"] == "not evaluated":  # the gate ids would widen every row
+            count = r["gate"].count(",") + 1
+            r.update(gate=f"{count} gate{'s' * (count > 1)}", result=r["reason"])
     widths = {k: max(len(k), *(len(str(r[k])) for r in rows)) for k in ("gate", "observed", "threshold", "result")}
     lines = [f"{'gate':<{widths['gate']}}  {'observed':>{widths['observed']}}  "
              f"{'threshold':<{widths['threshold']}}  result"]
@@ -202,18 +281,58 @@ def verdict_table(report: Report) -> str:
     return "\n".join(lines)
 
 
-def write(report: Report, out: str | Path) -> tuple[Path, Path]:
+def closing_lines(report: Report, out: str | Path | None = None) -> list[str]:
+    """What the CLI prints after the verdict: the stages' findings (e.g. the first divergent
+    layer), where report.md is, where the run was published."""
+    lines = list(report.findings)
+    if out:
+        lines.append(f"report: {Path(out) / 'report.md'} (report.json and plots/ next to it)")
+    if report.results_uri:
+        lines.append(f"results: {report.results_uri}")
+    return lines
+
+
+def plots(report: Report, log=None) -> dict[str, bytes]:
+    """PNG per plot of every stage (its `plots` hook, given its evidence), named
+    ``<stage>-<name>``. A plot that cannot be drawn is logged and left out, never a failure."""
+    out: dict[str, bytes] = {}
+    for name, result in report.evidence.items():
+        try:
+            made = _hook(name, "plots", result) or {}
+        except Exception as exc:  # a figure is evidence shown, never the verdict
+            if log:
+                log.warning("stage %s: plots not drawn: %s: %s", name, type(exc).__name__, exc)
+            continue
+        out.update({f"{name}-{plot}": png for plot, png in made.items()})
+    return out
+
+
+def _plot_files(plots_: dict[str, bytes] | None) -> dict[str, bytes]:
+    return {f"plots/{name}.png": png for name, png in (plots_ or {}).items()}
+
+
+def _plot_links(plots_: dict[str, bytes] | None) -> dict[str, str]:
+    return {name: f"plots/{name}.png" for name in plots_ or {}}
+
+
+def write(report: Report, out: str | Path, plots: dict[str, bytes] | None = None
+          ) -> tuple[Path, Path]:
+    """report.json, report.md and plots/<name>.png under out."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out / "report.json", out / "report.md"
+    for name, png in _plot_files(plots).items():
+        (out / "plots").mkdir(exist_ok=True)
+        write_atomic(out / name, png)
     write_atomic(json_path, report.model_dump_json(indent=2))
-    write_atomic(md_path, to_markdown(report))
+    write_atomic(md_path, to_markdown(report, images=_plot_links(plots)))
     return json_path, md_path
 
 
 def publish_to_store(report: Report, outcomes: dict[str, StageOutcome] | None = None,
-                     log=None) -> str | None:
-    """report.json, report.md and stages/<stage>.json as one run under the results location
+                     log=None, plots: dict[str, bytes] | None = None) -> str | None:
+    """report.json, report.md, plots/<name>.png and stages/<stage>.json as one run under the
+    results location
     (day0.identity: ``<base>/<model>/<revision>/<target>/runs/<run-id>/``, latest.json naming the
     newest run): for an s3:// source or with DAY0_RESULTS_URI set; sets report.results_uri. A
     store that fails here is logged, never turned into a failed verdict."""
@@ -229,7 +348,8 @@ def publish_to_store(report: Report, outcomes: dict[str, StageOutcome] | None = 
             return None
         report.results_uri = identity.run_location(folder, run_id)
         files = {"report.json": report.model_dump_json(indent=2).encode(),
-                 "report.md": to_markdown(report).encode()}
+                 "report.md": to_markdown(report, images=_plot_links(plots)).encode(),
+                 **_plot_files(plots)}
         for name, outcome in (outcomes or {}).items():
             files[f"stages/{name}.json"] = outcome.model_dump_json(indent=1).encode()
         where = identity.publish_run(files, source=report.source, target_name=report.target.name,

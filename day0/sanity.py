@@ -27,6 +27,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from day0 import progress
 from day0.checkpoint import Checkpoint, read_checkpoint
 from day0.errors import Problem
 
@@ -217,13 +218,19 @@ def check_weights(source: str) -> list[str]:
         by_file[info.file].append(info)
     nonfinite: list[tuple[str, int]] = []
     zero, constant, extreme, zeroed_files = [], [], [], []
-    for file, infos in sorted(by_file.items()):
+    total, checked = len(ckpt.tensors), 0
+    for f, (file, infos) in enumerate(sorted(by_file.items())):
         infos.sort(key=lambda t: t.data_offsets)
         found: dict[str, _Stats] = {}
         with safe_open(ckpt.location(file), framework="pt") as handle:
             for info in infos:
+                progress.update("weights", checked, total,
+                                detail=f"tensors checked, file {f + 1}/{len(by_file)}")
                 found[info.name] = _tensor_stats(handle, info.name, list(info.shape),
                                                  info.dtype in lim.float_dtypes)
+                checked += 1
+        progress.update("weights", checked, total,
+                        detail=f"tensors checked, file {f + 1}/{len(by_file)}")
         # zero biases are normal; a shard whose matmul weights and everything else are zero is not
         if (any(len(i.shape) >= 2 for i in infos)
                 and all(s.numel and not s.nonzero and not s.nonfinite for s in found.values())):

@@ -22,7 +22,7 @@ from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from day0 import lifecycle
+from day0 import lifecycle, progress
 from day0.atomic import write_atomic
 from day0.budget import StageBudget, for_spec
 from day0.contract import StageInputs
@@ -121,7 +121,11 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m day0.stage SPEC.json RESULT.json", file=sys.stderr)
         return 2
     spec = StageSpec.model_validate_json(Path(argv[0]).read_text())
-    outcome = execute(spec)
+    progress.start(spec.stage)  # the stage's progress lines go to stdout, to the runner
+    try:
+        outcome = execute(spec)
+    finally:
+        progress.stop()
     write_atomic(argv[1], outcome.model_dump_json())  # a half-written result is never read
     return 0 if outcome.ok else (outcome.exit_code or 1)
 
@@ -132,7 +136,9 @@ def run_stage(spec: StageSpec, *, timeout_s: float | None = None,
     """Run spec in a child process and always return an outcome (never raise for the stage).
 
     Limits: budget when given, else timeout_s / memory_limit_gib when given, else the target's,
-    else derived from the model's size (day0.budget). Memory counts the stage's process group."""
+    else derived from the model's size (day0.budget). Memory counts the stage's process group.
+    Every line of the child goes to log, progress lines included (day0.progress); a child
+    silent for 10 s gets a heartbeat line there (elapsed time, memory)."""
     budget = budget or for_spec(spec, timeout_s=timeout_s, memory_limit_gib=memory_limit_gib)
     log = log or (lambda line: None)
     tail: list[str] = []
@@ -148,16 +154,20 @@ def run_stage(spec: StageSpec, *, timeout_s: float | None = None,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=child_env, start_new_session=True)
 
+        beat = progress.Heartbeat(spec.stage, log, rss=lambda: group_rss_bytes(proc.pid))
+
         def pump():
             for line in proc.stdout:
                 line = line.rstrip()
-                tail.append(line)
-                del tail[:-40]
+                beat.seen(line)
+                if not line.startswith(progress.PREFIX):  # the tail explains failures
+                    tail.append(line)
+                    del tail[:-40]
                 log(line)
 
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
-        killed_for = _supervise(proc, budget, started)
+        killed_for = _supervise(proc, budget, started, beat)
         proc.wait()
         lifecycle.kill_group(proc.pid)  # children the stage left behind go with it
         reader.join(timeout=5)
@@ -176,8 +186,10 @@ def run_stage(spec: StageSpec, *, timeout_s: float | None = None,
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _supervise(proc: subprocess.Popen, budget: StageBudget, started: float) -> str | None:
-    """Wait for proc; kill its group when it goes over budget: 'time', 'memory' or None."""
+def _supervise(proc: subprocess.Popen, budget: StageBudget, started: float,
+               beat: progress.Heartbeat | None = None) -> str | None:
+    """Wait for proc; kill its group when it goes over budget: 'time', 'memory' or None.
+    beat: ticked every poll (a line when the stage has been silent for its period)."""
     limit = budget.memory_gib * 2**30
     polls = 0
     while proc.poll() is None:
@@ -190,6 +202,8 @@ def _supervise(proc: subprocess.Popen, budget: StageBudget, started: float) -> s
         if rss > limit:
             lifecycle.kill_group(proc.pid)
             return "memory"
+        if beat is not None:
+            beat.tick(rss if group else None)
         polls += 1
         time.sleep(0.1)
     return None

@@ -24,8 +24,27 @@ def result_storage() -> Path:
     return cache_dir().expanduser().resolve() / RESULTS_FOLDER
 
 
+def report_of(state) -> dict:
+    """report.json of a `validate` run in this process (``validate(..., return_state=True)``):
+    its verdict state's data - Failed for FAIL, ERROR and BROKEN, whose result() would raise.
+    A run that raised (bad input, a day0 bug) re-raises its exception here."""
+    result = state.result(raise_on_failure=False)
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
+def is_verdict(state) -> bool:
+    """Whether a final state carries a report: Completed (PASS; any Completed run of the flow
+    returned one) or Failed FAIL/ERROR/BROKEN - not a run that crashed, was cancelled or
+    raised before reaching a verdict."""
+    if state is None:
+        return False
+    return state.is_completed() or (state.is_failed() and state.name in ("FAIL", "ERROR", "BROKEN"))
+
+
 def read_report(flow_run) -> dict:
-    """The report a Completed `validate` flow run persisted, as a dict.
+    """The report a finished `validate` flow run persisted (any verdict), as a dict.
 
     Flow results are written bare (the serializer's bytes; the metadata, serializer included,
     lives in the run's state on the server); a full result record (metadata + result) is read
@@ -53,4 +72,4 @@ def read_report(flow_run) -> dict:
                              "DAY0_CACHE_DIR?") from None
 
 
-__all__ = ["result_storage", "read_report", "RESULTS_FOLDER"]
+__all__ = ["result_storage", "read_report", "report_of", "is_verdict", "RESULTS_FOLDER"]

@@ -21,6 +21,7 @@ from prefect.states import Completed
 
 from day0.runners.deployment import write_outcome
 from day0.stage import StageSpec, run_stage
+from tasks.progress import StageProgress
 
 
 def _run_name() -> str:
@@ -44,7 +45,9 @@ def day0_stage(spec: dict, result_uri: str | None = None):
     target = stage_spec.inputs.target
     logger.info("day0-stage %s for %s in %s", stage_spec.stage, target.label, where_am_i())
     # the target's limits, else the budget derived from the spec's upstream analysis
-    outcome = run_stage(stage_spec, log=lambda line: logger.info("[%s] %s", stage_spec.stage, line))
+    tracker = StageProgress(stage_spec.stage, logger)  # its progress artifact on this run
+    outcome = run_stage(stage_spec, log=tracker.line)
+    tracker.finish(outcome.ok, outcome.failure or "")
     if result_uri:
         write_outcome(result_uri, outcome)  # unwritable: the run fails, the parent says why
     data = outcome.model_dump(mode="json")

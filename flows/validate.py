@@ -4,28 +4,51 @@ Run it: ``day0 validate SOURCE --target cpu-bf16`` or, against a server,
 ``prefect deployment run 'validate/...' -p source=... -p target=cpu-bf16``. The parameters are
 day0.request.ValidateRequest's; the flow names no stage: each wave's stages run in parallel,
 a stage runs when what it requires (or runs after) succeeded on a sound checkpoint.
+
+The run ends in a state named after the verdict (day0.labels): Completed "PASS", or Failed
+"FAIL" / "ERROR" / "BROKEN", its message the report's headline, report.json its (JSON) result;
+call it with ``return_state=True`` and read ``flows.results.report_of(state)``. It is named
+``<model>@<revision> on <target>`` and tagged model:/revision:/target:/verdict:.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
+from prefect.states import Completed, Failed, State
 
 from day0 import gates as gating
-from day0 import identity, pipeline, stages as registry
+from day0 import identity, labels, pipeline, stages as registry
 from day0 import report as reporting
 from day0.contract import StageInputs
+from day0.stage import StageOutcome
 from day0.targets import REFERENCE, resolve_target
 from flows.results import result_storage
+from tasks.artifacts import label_run, publish_artifacts
 from tasks.housekeeping import start_of_run
 from tasks.stages import publish_report_task, run_stage_task
 
 
 def _run_name() -> str:
-    """'validate cpu-bf16: SOURCE', or the target file's name when the target comes from one."""
+    """'<model> on <target>' until the revision is known (the flow renames itself then): the
+    resolved target, a target file's profile name included."""
     params = flow_run.parameters
-    target = params.get("target") or params.get("target_file") or "cpu-bf16"
-    return f"validate {target}: {params.get('source', '?')}"
+    try:
+        target = resolve_target(params.get("target"), params.get("target_file")).name
+    except Exception:  # the flow reports a bad target itself
+        target = Path(params.get("target_file") or "").stem or params.get("target") or "?"
+    source = str(params.get("source", "?"))
+    return f"{params.get('model') or Path(source.rstrip('/')).name} on {target}"
+
+
+def _outcome(future) -> StageOutcome:
+    """A stage's outcome; a stage task that could not finish ends Failed with it as data."""
+    outcome = future.result(raise_on_failure=False)
+    if isinstance(outcome, BaseException):  # the task itself broke: a day0 bug
+        raise outcome
+    return outcome
 
 
 # persisted so `day0 validate --deployment` can read the report of a served run: as JSON under
@@ -36,8 +59,9 @@ def validate(source: str, target: str | None = "cpu-bf16", target_file: str | No
              gates: str | None = None, out: str | None = None,
              stage_configs: dict[str, dict] | None = None, stages: list[str] | None = None,
              use_cache: bool = True, trust_remote_code: bool = False, model: str | None = None,
-             revision: str | None = None) -> dict:
-    """Validate the checkpoint at `source` on `target`; returns report.json as a dict.
+             revision: str | None = None) -> State:
+    """Validate the checkpoint at `source` on `target`; ends in the verdict's state with
+    report.json (a dict) as its result.
 
     model and revision name the release (day0.identity: default the source's name and a digest
     of its weights); every run is kept under <results>/<model>/<revision>/<target>/runs/<run>/
@@ -55,6 +79,8 @@ def validate(source: str, target: str | None = "cpu-bf16", target_file: str | No
                                strict=False)
     inputs = StageInputs(source=source, target=target_profile, reference=REFERENCE,
                          trust_remote_code=trust_remote_code, revision=release.revision)
+    where = (release.model, release.revision, target_profile.name)
+    label_run(flow_run.id, logger, name=labels.run_name(*where), tags=labels.run_tags(*where))
 
     outcomes, skipped, facts = {}, {}, {}
     for wave in waves:
@@ -68,7 +94,7 @@ def validate(source: str, target: str | None = "cpu-bf16", target_file: str | No
                 name, registry.get(name).locator, configs.get(name, {}), stage_inputs,
                 dict(facts), use_cache, weights, required)
         for name, future in futures.items():
-            outcomes[name] = future.result()
+            outcomes[name] = _outcome(future)
             facts.update(pipeline.facts_of(name, outcomes[name]))
 
     concluded = pipeline.conclude(gate_file, target_profile, outcomes, skipped, facts)
@@ -79,7 +105,13 @@ def validate(source: str, target: str | None = "cpu-bf16", target_file: str | No
         checkpoint_problems=concluded.checkpoint_problems,
         identity={"model": release.model, "revision": release.revision,
                   "weights_digest": release.weights_digest, "run_id": run_id})
+    plots = reporting.plots(report, logger)
     report_json = report.model_dump(mode="json")
-    report_json["results_uri"] = publish_report_task(report_json, out, outcomes)
-    logger.info("verdict %s for %s on %s", concluded.verdict, source, target_profile.label)
-    return report_json
+    report_json["results_uri"] = publish_report_task(report_json, out, outcomes, plots)
+    report = reporting.Report.model_validate(report_json)
+    publish_artifacts(report, plots, flow_run.id, logger)
+    label_run(flow_run.id, logger, tags=labels.run_tags(*where, concluded.verdict))
+    end = labels.final_state(report)
+    logger.info("verdict %s for %s on %s", end.message, source, target_profile.label)
+    return (Completed if end.completed else Failed)(name=end.name, message=end.message,
+                                                    data=report_json)

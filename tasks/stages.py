@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.states import Failed
 
-from day0 import cache
+from day0 import cache, labels
 from day0.contract import StageInputs
 from day0.runners import run_on_target
 from day0.stage import StageOutcome, StageSpec
+from tasks.progress import StageProgress
 
 
 # never persisted: the flow persists its results, which would pickle task results too; stage
@@ -18,8 +20,10 @@ def run_stage_task(stage: str, locator: str, config: dict, inputs: StageInputs,
                    facts: dict | None = None, use_cache: bool = True, weights: str | None = None,
                    required: dict[str, str] | None = None) -> StageOutcome:
     """Run `stage` with the target's runner (subprocess, container or stage deployment), bounded
-    by the target's concurrency; a crash becomes a failed outcome, never a crashed flow.
-    required: cache keys of the stages whose results it reads (inputs.upstream)."""
+    by the target's concurrency; a crash becomes a failed outcome, never a crashed flow: the
+    task run ends Failed ("ERROR", or "FAIL" when the target raised) with the outcome as its
+    data, so the flow still reaches a verdict. required: cache keys of the stages whose results
+    it reads (inputs.upstream)."""
     logger = get_run_logger()
     spec = StageSpec(stage=stage, locator=locator, config=config, inputs=inputs,
                      facts=facts or {})
@@ -28,34 +32,32 @@ def run_stage_task(stage: str, locator: str, config: dict, inputs: StageInputs,
         logger.info("stage %s: cache hit %s (weights, target, config and code unchanged)",
                     stage, key[:12])
         return hit.model_copy(update={"cache_key": key})
-    outcome = run_on_target(spec, inputs.target, log=lambda line: logger.info("[%s] %s", stage, line))
+    # progress lines become the stage's progress artifact; the rest is logged as it comes
+    tracker = StageProgress(stage, logger)
+    outcome = run_on_target(spec, inputs.target, log=tracker.line)
+    tracker.finish(outcome.ok, f"{outcome.seconds:.1f} s" if outcome.ok else outcome.failure or "")
     outcome = outcome.model_copy(update={"cache_key": key})
     if outcome.ok:
         cache.store(key, outcome)
         logger.info("stage %s finished in %.1f s (%s)", stage, outcome.seconds, outcome.ran_in)
-    else:
-        logger.error("stage %s failed (%s): %s", stage, outcome.failure, outcome.error)
-    return outcome
+        return outcome
+    logger.error("stage %s failed (%s): %s", stage, outcome.failure, outcome.error)
+    state = labels.stage_state(outcome.failure, outcome.error, stage)
+    return Failed(name=state.name, message=state.message, data=outcome)
 
 
 @task(name="publish-report", cache_policy=NO_CACHE, persist_result=False)
 def publish_report_task(report_json: dict, out: str | None,
-                        outcomes: dict[str, StageOutcome] | None = None) -> str | None:
-    """Report as Prefect artifacts (markdown, gate and layer tables), with out as files, and on
-    the object store (s3:// source or DAY0_RESULTS_URI); returns the results URI or None."""
-    from prefect.artifacts import create_markdown_artifact, create_table_artifact
-
+                        outcomes: dict[str, StageOutcome] | None = None,
+                        plots: dict[str, bytes] | None = None) -> str | None:
+    """Report files (report.json, report.md, plots/<name>.png) in out, and on the object store
+    (s3:// source or DAY0_RESULTS_URI); returns the results URI or None. The Prefect artifacts
+    are the flow's (tasks/artifacts.py: attached to the flow run)."""
     from day0 import report as reporting
 
     report = reporting.Report.model_validate(report_json)
-    results_uri = reporting.publish_to_store(report, outcomes, get_run_logger())
-    create_markdown_artifact(key="day0-report", markdown=reporting.to_markdown(report),
-                             description=f"day0 {report.verdict}: {report.target.label}")
-    create_table_artifact(key="day0-gates", table=reporting.gate_rows(report),
-                          description="Release gates: observed vs threshold")
-    for key, (description, rows) in reporting.stage_tables(report).items():
-        create_table_artifact(key=key, table=rows, description=description)
+    results_uri = reporting.publish_to_store(report, outcomes, get_run_logger(), plots)
     if out:
-        json_path, md_path = reporting.write(report, out)
+        json_path, md_path = reporting.write(report, out, plots)
         get_run_logger().info("report written to %s and %s", json_path, md_path)
     return results_uri

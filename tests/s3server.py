@@ -43,16 +43,18 @@ existing key is an ``update`` with ``old_entry`` and ``new_entry``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from day0.stack.procs import port_free
 
 ACCESS_KEY = "day0test"
 SECRET_KEY = "day0test-secret"
@@ -66,15 +68,6 @@ def weed_binary() -> str | None:
     return str(here) if here.is_file() else shutil.which("weed")
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def free_ports(count: int, low: int = 20000, high: int = 45000) -> list[int]:
     """count ports p with p and p + 10000 (weed's gRPC port) free, distinct."""
     import random
@@ -86,7 +79,7 @@ def free_ports(count: int, low: int = 20000, high: int = 45000) -> list[int]:
         taken = {q for c in chosen for q in (c, c + 10000)}
         if p in taken or p + 10000 in taken:
             continue
-        if _port_free(p) and _port_free(p + 10000):
+        if port_free(p) and port_free(p + 10000):
             chosen.append(p)
     return chosen
 
@@ -134,6 +127,21 @@ class S3Server:
         return {"DAY0_S3_ENDPOINT": self.endpoint, "DAY0_S3_REGION": self.region,
                 "DAY0_S3_ACCESS_KEY": self.access_key, "DAY0_S3_SECRET_KEY": self.secret_key,
                 "DAY0_S3_ADDRESSING": "path"}
+
+    @contextlib.contextmanager
+    def exported(self):
+        """env() in this process's environment for the block; restored after it, so later
+        tests never see a stopped store."""
+        saved = {k: os.environ.get(k) for k in self.env()}
+        os.environ.update(self.env())
+        try:
+            yield self
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
 
     def receiver_s3(self) -> dict[str, str]:
         """The receiver's `s3:` settings (day0/receiver/settings.py) for this server."""

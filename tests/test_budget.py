@@ -101,6 +101,7 @@ def test_over_budget_stage_gives_error_verdict_with_the_reason(prefect_server, t
                                                                 monkeypatch):
     """In the flow the budget comes from analysis' parameter count; over it = ERROR, and the
     report shows every stage's budget."""
+    from flows.results import report_of
     from flows.validate import validate
 
     factors = yaml.safe_load(budget.BUDGETS_FILE.read_text())
@@ -111,7 +112,8 @@ def test_over_budget_stage_gives_error_verdict_with_the_reason(prefect_server, t
     tfile = tmp_path / "t.yaml"
     tfile.write_text(yaml.safe_dump({"name": "cpu-bf16-budget", "device": "cpu",
                                      "dtype": "bfloat16"}))
-    report = validate(source=str(MODELS / "tiny-llama"), target_file=str(tfile), use_cache=False)
+    report = report_of(validate(source=str(MODELS / "tiny-llama"), target_file=str(tfile),
+                                use_cache=False, return_state=True))
     assert report["verdict"] == "ERROR"
     alignment = report["stages"]["alignment"]
     assert alignment["failure"] == "oom"

@@ -10,6 +10,7 @@ import sys
 import pytest
 import yaml
 
+from day0 import labels
 from tests import breakers
 from tests.conftest import HELDOUT, MODELS, PLUGINS
 
@@ -25,11 +26,15 @@ def target_file(tmp_path, *plugins, name="cpu-bf16-test", **extra):
 
 
 def run_flow(source, tfile, **kwargs):
+    from flows.results import report_of
     from flows.validate import validate
 
     state = validate(source=str(source), target_file=tfile, stage_configs=STAGES,
                      return_state=True, **kwargs)
-    return state.result(), state.state_details.flow_run_id
+    report = report_of(state)  # FAIL/ERROR/BROKEN end Failed: their result() would raise
+    assert state.name == report["verdict"]
+    assert state.is_completed() == (report["verdict"] == "PASS")
+    return report, state.state_details.flow_run_id
 
 
 def failing(report):
@@ -50,7 +55,13 @@ def artifacts_of(flow_run_id):
 def test_noop_plugin_passes_and_publishes_artifacts(prefect_server, tmp_path, model):
     report, run_id = run_flow(MODELS / model, target_file(tmp_path, "noop.py"), out=str(tmp_path / "out"))
     assert report["verdict"] == "PASS", failing(report)
-    assert {"day0-report", "day0-gates", "day0-layers"} <= set(artifacts_of(run_id))
+    keys = {labels.artifact_key(kind, model, "cpu-bf16-test")
+            for kind in ("report", "gates", "layers", "plot-alignment-layers",
+                         "plot-alignment-kl-buckets")}
+    found = artifacts_of(run_id)
+    assert keys <= set(found), sorted(found)
+    assert all(found[k].flow_run_id == run_id and found[k].task_run_id is None for k in keys)
+    assert (tmp_path / "out" / "plots" / "alignment-layers.png").is_file()
     on_disk = json.loads((tmp_path / "out" / "report.json").read_text())
     assert on_disk["verdict"] == "PASS" and (tmp_path / "out" / "report.md").is_file()
     for gate in on_disk["gates"]:
@@ -91,10 +102,34 @@ def test_nan_target_fails_not_errors(prefect_server, tmp_path):
 
 
 def test_crashing_stage_gives_error_verdict(prefect_server, tmp_path):
-    report, _ = run_flow(MODELS / "tiny-llama", target_file(tmp_path, "crash.py"))
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    report, run_id = run_flow(MODELS / "tiny-llama", target_file(tmp_path, "crash.py"))
     assert report["verdict"] == "ERROR"
     assert any("alignment" in e and "SIGKILL" in e for e in report["errors"])
     assert not report["stages"]["alignment"]["ok"] and report["stages"]["analysis"]["ok"]
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(run_id)
+        tasks = {t.name: t.state for t in client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))}
+    # the run: named after the release and the resolved target, tagged, Failed "ERROR"
+    revision = report["identity"]["revision"]
+    assert run.name == f"tiny-llama@{revision} on cpu-bf16-test"
+    assert {"verdict:ERROR", "target:cpu-bf16-test", "model:tiny-llama",
+            f"revision:{revision}"} <= set(run.tags)
+    assert run.state.is_failed() and run.state.name == "ERROR"
+    assert run.state.message.startswith("ERROR: stage ") and "SIGKILL" in run.state.message
+    # a stage that could not finish is a Failed task run; one that finished is Completed
+    assert tasks["alignment"].is_failed() and tasks["alignment"].name == "ERROR"
+    assert tasks["analysis"].is_completed()
+    # its gates: one "not evaluated" row per stage, not a FAIL per gate
+    from day0.report import Report, gate_rows
+
+    rows = [r for r in gate_rows(Report.model_validate(report)) if r["result"] == "not evaluated"]
+    stages_named = [r["reason"].split(":")[0] for r in rows]
+    assert "not evaluated (stage alignment" in stages_named
+    assert len(stages_named) == len(set(stages_named)), rows
 
 
 def _cli(*args, prefect_server):
@@ -108,6 +143,8 @@ def test_cli_exit_codes_fail_and_error(prefect_server, tmp_path):
                 "--text", HELDOUT, "--out", tmp_path / "o1", prefect_server=prefect_server)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "verdict: FAIL" in proc.stdout and "layers-aligned" in proc.stdout
+    assert "first divergent layer: 2" in proc.stdout
+    assert f"report: {tmp_path / 'o1' / 'report.md'}" in proc.stdout
     proc = _cli("validate", MODELS / "tiny-llama", "--target-file", target_file(tmp_path, "crash.py"),
                 "--text", HELDOUT, prefect_server=prefect_server)
     assert proc.returncode == 3 and "verdict: ERROR" in proc.stdout

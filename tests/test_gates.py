@@ -93,9 +93,10 @@ def test_nonfinite_never_passes(gates, bad):
 
 def test_missing_metric_fails_with_stage_reason(gates):
     results = evaluate(gates, {"scan.coverage": 1.0}, is_moe=True,
-                       missing_reasons={"alignment": "stage alignment failed: boom"})
+                       missing_reasons={"alignment": "failed: boom"})
     assert all(not r.passed for r in results[:3])
-    assert "stage alignment failed: boom" in results[0].reason
+    assert results[0].reason == "not evaluated (stage alignment: failed: boom)"
+    assert results[0].not_evaluated == "stage alignment: failed: boom"
     assert verdict(results, {"alignment": "boom"}) == "ERROR"
 
 

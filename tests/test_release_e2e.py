@@ -64,16 +64,10 @@ def stack(prefect_server, tmp_path_factory):
         "secrets": {"seaweedfs_token": TOKEN, "release_hmac": SECRET, "admin_token": ADMIN}})
     receiver = ReceiverProcess(config, port=port, env=env, admin_token=ADMIN).start()
     s3.create_bucket(BUCKET)
-    saved = {k: os.environ.get(k) for k in s3.env()}
     try:
-        os.environ.update(s3.env())  # this process reads the bucket too
-        yield s3, receiver, root
+        with s3.exported():  # this process reads the bucket too
+            yield s3, receiver, root
     finally:
-        for key, value in saved.items():  # later tests must not see a stopped store
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
         receiver.stop()
         stop_group(served)
         s3.stop()
@@ -89,7 +83,8 @@ def test_upload_shard_by_shard_starts_exactly_one_run_after_the_last(stack):
     time.sleep(3)  # let the filer deliver every event of the partial upload
     assert flow_runs() == [], "a run started before the checkpoint was complete"
     client.upload_file(str(shards[-1]), BUCKET, f"{PREFIX}/{shards[-1].name}")
-    deadline = time.monotonic() + 60
+    # the last shard's event, its completeness check and the submission, on a loaded 2-core box
+    deadline = time.monotonic() + 180
     while not flow_runs() and time.monotonic() < deadline:
         time.sleep(1)
     runs = flow_runs()
@@ -110,7 +105,7 @@ def test_upload_shard_by_shard_starts_exactly_one_run_after_the_last(stack):
     with get_client(sync_client=True) as pc:
         artifacts = pc.read_artifacts(artifact_filter=ArtifactFilter(
             flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
-    assert "day0-report" in {a.key for a in artifacts}
+    assert any(a.key.startswith("day0-report-") for a in artifacts), [a.key for a in artifacts]
 
 
 def test_signed_release_webhook_and_rejections(stack):
@@ -129,7 +124,7 @@ def test_signed_release_webhook_and_rejections(stack):
     assert len(flow_runs()) == before
     for _ in range(3):  # a retried delivery is the same release
         assert httpx.post(url, content=body, headers=sign(SECRET, body), timeout=30).status_code in (200, 202)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180
     while len(flow_runs()) == before and time.monotonic() < deadline:
         time.sleep(1)
     runs = [r for r in flow_runs() if r.parameters.get("revision") == "r2"]

@@ -44,7 +44,8 @@ def test_broken_checkpoint_heads_the_report_and_exits_5(tmp_path):
     outcomes = {"analysis": StageOutcome(stage="analysis", ok=True, result={})}
     gates = [GateResult(id="kl", metric="alignment.logits.kl_mean", op="<=", observed=None,
                         threshold=0.01, passed=False, severity="error",
-                        reason="metric missing: not run: the checkpoint is broken")]
+                        reason="not evaluated (stage alignment: not run: the checkpoint is broken)",
+                        not_evaluated="stage alignment: not run: the checkpoint is broken")]
     report = build(source="/m", target=resolve_target("cpu-bf16"), reference=REFERENCE,
                    outcomes=outcomes, gate_results=gates, verdict="BROKEN",
                    checkpoint_problems=[problem])
@@ -53,5 +54,6 @@ def test_broken_checkpoint_heads_the_report_and_exits_5(tmp_path):
     assert doc["checkpoint_problems"] == [problem] and Report.model_validate(doc).exit_code == 5
     lines = md_path.read_text().splitlines()
     assert lines[0] == "# day0 validation: BROKEN"
-    assert lines[2] == "## The checkpoint is broken" and lines[4] == f"- {problem}"
+    assert lines[2] == f"**BROKEN**: the checkpoint itself is broken: {problem}"
+    assert lines[4] == "## The checkpoint is broken" and lines[6] == f"- {problem}"
     assert f"BROKEN checkpoint: {problem}" in verdict_table(report)

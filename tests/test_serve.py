@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -48,6 +49,13 @@ def test_validate_on_deployment_reaches_verdict(served):
                           capture_output=True, text=True, timeout=900, env=served)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "verdict: PASS" in proc.stdout
+    # at once: where to watch it; while waiting: the run's state and its stages' progress
+    said = proc.stderr.splitlines()
+    url = [i for i, line in enumerate(said) if re.match(
+        r"flow run \S+: http://127\.0\.0\.1:\d+/runs/flow-run/[0-9a-f-]{36}$", line)]
+    assert url, proc.stderr[-3000:]
+    assert any(re.match(r"  \[ *\d+ s\] (Pending|Running|Scheduled)", line)
+               for line in said[url[0]:]), said
 
 
 def test_prefect_deployment_run_by_hand(served):

@@ -245,13 +245,14 @@ def _shared_inputs(root: Path) -> tuple[Path, Path, Path]:
 
 
 def _validate(model: Path, text: Path, target: dict, tmp_path: Path) -> dict:
+    from flows.results import report_of
     from flows.validate import validate
 
     tfile = tmp_path / f"{target['name']}.yaml"
     tfile.write_text(yaml.safe_dump(target))
     state = validate(source=str(model), target_file=str(tfile), use_cache=False,
                      stage_configs={"alignment": {"text_file": str(text)}}, return_state=True)
-    return state.result()
+    return report_of(state)
 
 
 @pytest.mark.docker

@@ -6,6 +6,9 @@ before Prefect starts) and returns report.json as a dict.
 
 from __future__ import annotations
 
+import sys
+from typing import Callable
+
 from day0.errors import StageError
 from day0.request import ValidateRequest
 
@@ -14,9 +17,11 @@ FLOW = "validate"
 
 def validate(request: ValidateRequest) -> dict:
     """Run the flow in this process (against PREFECT_API_URL, else a temporary local server)."""
+    from flows.results import report_of
     from flows.validate import validate as flow
 
-    return flow(**request.as_parameters())
+    # a FAIL/ERROR/BROKEN run ends Failed: its report is the state's data (result() would raise)
+    return report_of(flow(**request.as_parameters(), return_state=True))
 
 
 def deployment_name(deployment: str) -> str:
@@ -24,14 +29,19 @@ def deployment_name(deployment: str) -> str:
     return deployment if "/" in deployment else f"{FLOW}/{deployment}"
 
 
-def validate_on(deployment: str, request: ValidateRequest) -> dict:
-    """Submit to a served/deployed `validate` and wait; its final state must be Completed."""
-    from day0.orchestration import submit
-    from flows.results import read_report
+def validate_on(deployment: str, request: ValidateRequest,
+                say: Callable[[str], None] | None = None) -> dict:
+    """Submit to a served/deployed `validate` and wait; its final state must be a verdict
+    (Completed PASS, Failed FAIL/ERROR/BROKEN), not a crash or a cancellation. say (default:
+    stderr, so --json stays clean) gets the run's UI address at once, then its progress."""
+    from day0.orchestration import follow
+    from flows.results import is_verdict, read_report
 
-    flow_run = submit.run(deployment_name(deployment), request.as_parameters(), timeout=None,
-                          as_subflow=False)
-    if not flow_run.state or not flow_run.state.is_completed():
+    say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+    flow_run = follow.start(deployment_name(deployment), request.as_parameters())
+    say(f"flow run {flow_run.name}: {follow.run_url(flow_run.id)}")
+    flow_run = follow.follow(flow_run.id, say)
+    if not is_verdict(flow_run.state):
         raise StageError(f"flow run {flow_run.name} ({flow_run.id}) ended "
                          f"{flow_run.state.name if flow_run.state else 'without a state'}",
                          field="--deployment", fix="open the run in the Prefect UI for its logs")

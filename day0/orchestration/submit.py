@@ -26,14 +26,17 @@ def preload() -> None:
 
 
 @contextlib.contextmanager
-def api_url(url: str | None) -> Iterator[None]:
-    """Talk to the Prefect API at url within the block (None: whatever is configured)."""
-    if not url:
-        yield
-        return
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+def api_url(url: str | None, *, csrf: bool | None = None) -> Iterator[None]:
+    """Talk to the Prefect API at url within the block (None: whatever is configured). csrf
+    (not None) says whether that server enforces CSRF protection: when it does not, clients
+    skip the token request it would answer with 422 (PREFECT_CLIENT_CSRF_SUPPORT_ENABLED)."""
+    from prefect.settings import (PREFECT_API_URL, PREFECT_CLIENT_CSRF_SUPPORT_ENABLED,
+                                  temporary_settings)
 
-    with temporary_settings(updates={PREFECT_API_URL: url}):
+    updates = {PREFECT_API_URL: url} if url else {}
+    if csrf is not None:
+        updates[PREFECT_CLIENT_CSRF_SUPPORT_ENABLED] = csrf
+    with temporary_settings(updates=updates):
         yield
 
 

@@ -80,6 +80,17 @@ def _reply(code: int, **body: Any) -> JSONResponse:
     return JSONResponse(body, status_code=code)
 
 
+def _peer(request: Request) -> str:
+    client = request.client
+    return f"{client.host}:{client.port}" if client else "?"
+
+
+def _ignored(request: Request, reason: str) -> JSONResponse:
+    """200 'ignored', logged with the reason (the path never holds a ?token= query)."""
+    log.info("ignored %s %s from %s: %s", request.method, request.url.path, _peer(request), reason)
+    return _reply(200, status="ignored", reason=reason)
+
+
 def _allowed_targets(settings: ReceiverSettings) -> set[str]:
     if settings.allowed_targets is not None:
         return set(settings.allowed_targets)
@@ -116,6 +127,9 @@ class Receiver:
             rows += [ReleaseRow(model=rel.model, revision=rel.revision, target=t, source=rel.source,
                                 origin=rel.origin) for t in targets]
         fresh = await asyncio.to_thread(self.journal.accept, rows)
+        for row, new in zip(rows, fresh):
+            log.info("release %s@%s on %s (%s): %s", row.model, row.revision, row.target, row.origin,
+                     "accepted" if new else "duplicate of a pending or running one")
         if any(fresh):
             self.worker.wake()
         listed = [{"model": r.model, "revision": r.revision, "target": r.target,
@@ -161,8 +175,10 @@ class Receiver:
         rows = list(dict.fromkeys((ev.bucket, posixpath.dirname(ev.key)) for ev in events
                                   if relevant(ev.bucket, ev.key, rules)))
         if not rows:
-            return _reply(200, status="ignored",
-                          reason="no checkpoint file (config.json, index, *.safetensors) in the event")
+            reason = "no checkpoint file (config.json, index, *.safetensors) in the event"
+            log.info("ignored object event (s3://%s/%s%s): %s", events[0].bucket, events[0].key,
+                     f" and {len(events) - 1} more" if len(events) > 1 else "", reason)
+            return _reply(200, status="ignored", reason=reason)
         most = self.settings.limits.max_prefixes_per_event
         if len(rows) > most:
             raise BadRequest(422, f"event names {len(rows)} checkpoint prefixes; at most {most} "
@@ -195,9 +211,15 @@ class Receiver:
                 state, fresh = fut.result()
                 reason = "an earlier check is still running" if state is None or state.checked < gen else None
             if reason is not None:  # the worker checks again (with backoff on store errors)
+                log.info("s3://%s/%s recorded, its check is pending: %s", bucket, prefix, reason)
                 out.append({"model": model, "state": "recorded", "detail": f"check pending: {reason}"})
                 continue
             any_new |= any(fresh)
+            if state.state != "complete":
+                log.info("s3://%s/%s not complete yet: %s", bucket, prefix, state.detail)
+            else:
+                log.info("s3://%s/%s complete (revision %s): %d new release(s)", bucket, prefix,
+                         state.revision, sum(fresh))
             out.append({"model": model, "state": state.state, "missing": state.missing,
                         "revision": state.revision, "detail": state.detail,
                         "new_releases": sum(fresh)})
@@ -308,6 +330,9 @@ def create_app(settings: ReceiverSettings, client_factory=None) -> FastAPI:
                      request.method, request.url.path)
         if isinstance(exc, JournalError):
             log.error("journal write failed: %s", exc.__cause__ or exc)
+        if not isinstance(exc, ClientGone):  # reasons never hold a secret (day0.receiver.auth)
+            log.warning("%s %s %s from %s: %d %s", "refused" if exc.status < 500 else "deferred",
+                        request.method, request.url.path, _peer(request), exc.status, exc.reason)
         detail = f"retry later: {exc.reason}" if isinstance(exc, Unavailable) else exc.reason
         return JSONResponse({"detail": detail}, status_code=exc.status, headers=exc.headers)
 
@@ -323,7 +348,7 @@ def create_app(settings: ReceiverSettings, client_factory=None) -> FastAPI:
         if payload.sns is not None and payload.sns.Type != "Notification":
             return await receiver(request).sns_control(payload.sns)
         if payload.ignored:
-            return _reply(200, status="ignored", reason=payload.ignored)
+            return _ignored(request, payload.ignored)
         return await receiver(request).objects(payload.objects)
 
     @app.post("/v1/events/seaweedfs")
@@ -332,7 +357,7 @@ def create_app(settings: ReceiverSettings, client_factory=None) -> FastAPI:
         data = parse_json(await read_body(request, limit), max_keys)
         events, ignored = parse_seaweedfs(data, settings.checkpoint.seaweedfs_buckets_dir)
         if ignored:
-            return _reply(200, status="ignored", reason=ignored)
+            return _ignored(request, ignored)
         return await receiver(request).objects(events)
 
     @app.post("/v1/webhooks/release")
@@ -345,7 +370,7 @@ def create_app(settings: ReceiverSettings, client_factory=None) -> FastAPI:
             hub = settings.hub
             releases, ignored = parse_hf(data, hub.branches, hub.repo_types, hub.source)
             if ignored:
-                return _reply(200, status="ignored", reason=ignored)
+                return _ignored(request, ignored)
             return await receiver(request).accept(releases)
         if auth.SIGNATURE_HEADER.lower() not in headers:
             raise AuthError(f"missing {auth.SIGNATURE_HEADER} (signed release) or "
@@ -382,5 +407,11 @@ def serve(settings: ReceiverSettings) -> None:
     """Run the receiver with uvicorn until SIGINT/SIGTERM (``day0 hooks serve``)."""
     import uvicorn
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from day0.receiver.journal import hold_lock
+
+    hold_lock(settings.journal)  # before serving: a second receiver on it exits with the reason
+    # the receiver's own lines at INFO, libraries' at WARNING: httpx would log every request
+    # of the Prefect client (its INFO lines are not events of the receiver)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("day0").setLevel(logging.INFO)
     uvicorn.Server(uvicorn_config(create_app(settings), settings)).run()

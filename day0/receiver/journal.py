@@ -19,6 +19,8 @@ a receiver killed at any moment loses nothing it acknowledged. Tables:
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import os
 import sqlite3
 import threading
 import time
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from day0.errors import JournalError
+from day0.errors import ConfigError, JournalError
 from day0.identity import dedupe_key
 
 RELEASES = """
@@ -99,6 +101,25 @@ class PrefixState:
     missing: int | None
     detail: str | None
     revision: str | None
+
+
+def hold_lock(path: str | Path) -> int:
+    """Lock `<journal>.lock` for the life of this process (the fd is returned, never closed):
+    two receivers on one journal would both submit its releases. ConfigError when another
+    process holds it."""
+    lock = Path(str(path) + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise ConfigError(f"journal {path} is in use by another receiver (pid {holder})",
+                          field="journal", fix="give each receiver its own journal") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
 
 
 @contextlib.contextmanager

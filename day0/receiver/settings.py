@@ -1,7 +1,8 @@
 """Receiver settings: one YAML file (``day0 hooks serve --config FILE``), validated strictly.
 
 Secrets may be written as ``env:VARIABLE`` so the file itself holds no secret; they are resolved
-once at load time and a missing variable is a ConfigError naming the field.
+once at load time and the missing variables are one ConfigError naming them all. The journal
+defaults to ``${XDG_STATE_HOME:-~/.local/state}/day0/receiver/journal.sqlite`` (day0.paths).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from day0.errors import ConfigError
+from day0.paths import state_home
 from day0.yamlio import load_model, read_mapping
 
 DEFAULTS = Path(__file__).resolve().parents[1] / "data" / "receiver.yaml"
@@ -146,11 +148,18 @@ class ReceiverSettings(_Strict):
 
     host: str = Field("127.0.0.1", description="Listen address.")
     port: int = Field(8787, ge=0, le=65535, description="Listen port (0: any free port).")
-    journal: str = Field("day0-receiver.sqlite", description=(
-        "SQLite journal (WAL, synchronous=FULL); relative paths are relative to the config file."))
+    journal: str | None = Field(None, description=(
+        "SQLite journal (WAL, synchronous=FULL); relative paths are relative to the config file; "
+        "default ${XDG_STATE_HOME:-~/.local/state}/day0/receiver/journal.sqlite. One receiver "
+        "per journal: a second one on the same file refuses to start."))
     deployment: str = Field("validate/day0", description="Prefect deployment 'flow/deployment'.")
     prefect_api_url: str | None = Field(None, description=(
         "Prefect API URL; default: Prefect's own settings (PREFECT_API_URL, profile)."))
+    prefect_csrf: bool = Field(False, description=(
+        "Whether the Prefect server enforces CSRF protection (its "
+        "PREFECT_SERVER_API_CSRF_PROTECTION_ENABLED, off by default). false: the client neither "
+        "asks for nor sends a CSRF token (a server without protection answers that request with "
+        "422); true: it fetches one before its first change."))
     targets: list[str] = Field(["cpu-bf16"], min_length=1, description=(
         "Targets validated for every release that names none."))
     allowed_targets: list[str] | None = Field(None, description=(
@@ -210,17 +219,27 @@ class ReceiverSettings(_Strict):
         return value
 
 
-def _resolve_secrets(data: Any, file: str, path: str = "") -> Any:
-    """Replace every 'env:VAR' string under secrets/s3 with the variable's value."""
+def _resolve_secrets(data: Any, missing: dict[str, str], path: str = "") -> Any:
+    """Replace every 'env:VAR' string under secrets/s3 with the variable's value; unset ones
+    are added to missing (VAR -> field) and left as they are."""
     if isinstance(data, dict):
-        return {k: _resolve_secrets(v, file, f"{path}{k}.") for k, v in data.items()}
+        return {k: _resolve_secrets(v, missing, f"{path}{k}.") for k, v in data.items()}
     if isinstance(data, str) and data.startswith("env:"):
         var = data[4:]
         if var not in os.environ:
-            raise ConfigError(f"environment variable {var} is not set", file=file,
-                              field=path.rstrip("."), fix=f"export {var}=... or write the value")
+            missing[var] = path.rstrip(".")
+            return data
         return os.environ[var]
     return data
+
+
+def _missing_variables(missing: dict[str, str], file: str) -> ConfigError:
+    """One error naming every unset variable and the fields that read them."""
+    names = ", ".join(missing)
+    return ConfigError(f"environment variable{'s' if len(missing) > 1 else ''} not set: {names}",
+                       file=file, field=", ".join(missing.values()),
+                       fix="export each (README, 'The stack by hand, without Docker', lists them) "
+                           "or write the value")
 
 
 def load_settings(path: str | Path | None = None, **overrides: Any) -> ReceiverSettings:
@@ -236,11 +255,15 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> ReceiverS
         data = _merge(data, user)
         base = Path(path).resolve().parent
     data = _merge(data, overrides)
+    missing: dict[str, str] = {}
     for section in ("secrets", "s3"):
         if isinstance(data.get(section), dict):
-            data[section] = _resolve_secrets(data[section], file, f"{section}.")
+            data[section] = _resolve_secrets(data[section], missing, f"{section}.")
+    if missing:
+        raise _missing_variables(missing, file)
     settings = load_model(ReceiverSettings, data, file)
-    journal = Path(settings.journal).expanduser()
+    journal = Path(settings.journal).expanduser() if settings.journal else (
+        state_home() / "receiver" / "journal.sqlite")
     if not journal.is_absolute():
         journal = base / journal
     return settings.model_copy(update={"journal": str(journal)})

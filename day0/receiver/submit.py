@@ -98,7 +98,7 @@ class Worker:
 
     def _main(self) -> None:
         try:
-            with prefect.api_url(self.settings.prefect_api_url):
+            with prefect.api_url(self.settings.prefect_api_url, csrf=self.settings.prefect_csrf):
                 asyncio.run(self._run())
         except Exception as exc:  # shows as worker_alive false / degraded in /healthz
             log.exception("receiver worker stopped")

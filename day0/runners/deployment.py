@@ -38,6 +38,7 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
+from day0 import progress
 from day0.stage import StageOutcome, StageSpec
 from day0.targets import Target
 
@@ -136,9 +137,12 @@ def _run(spec: StageSpec, target: Target, name: str, log, started: float) -> Sta
     timeout_s = target.timeout_s or for_spec(spec).timeout_s
     deadline_s = timeout_s + grace
     parameters = {"spec": json.loads(spec.model_dump_json()), "result_uri": result_uri}
+    # the stage's own log and progress are on its flow run; here a line every 10 s of waiting
+    beat = progress.Heartbeat(spec.stage, lambda line: log(f"{line} (on deployment {name})"))
     try:
-        flow_run = submit.run(name, parameters, timeout=deadline_s, poll_interval=POLL_S,
-                              tags=["day0", f"stage:{spec.stage}"])
+        with beat.ticking():
+            flow_run = submit.run(name, parameters, timeout=deadline_s, poll_interval=POLL_S,
+                                  tags=["day0", f"stage:{spec.stage}"])
     except submit.DeploymentNotFound:
         return _failed(spec, "config", (
             f"stage '{spec.stage}': deployment {name} does not exist on the Prefect server: "

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from day0 import lifecycle
+from day0 import lifecycle, progress
 from day0.errors import ConfigError, Day0Error
 from day0.runners.docker_policy import (check_user, create_options, prepare, resolve_user,
                                         with_weights)
@@ -231,13 +231,20 @@ def _run(client, spec, target, user, workdir, ro_paths, log, failed, started) ->
     tail: list[str] = [f"[docker] container {container.short_id} of {settings.image}"]
     log(tail[0])
     killed_for = None
+    beat = progress.Heartbeat(spec.stage, log, rss=lambda: _container_rss(container))
+
+    def seen(line: str) -> None:
+        beat.seen(line)
+        log(line)
+
     try:
         container.start()
-        reader = threading.Thread(target=_pump, args=(container, tail, log), daemon=True)
+        reader = threading.Thread(target=_pump, args=(container, tail, seen), daemon=True)
         reader.start()
         remaining = timeout_s - (time.monotonic() - started)
         try:
-            code = container.wait(timeout=max(remaining, 1))["StatusCode"]
+            with beat.ticking():  # container.wait blocks: heartbeats from a thread
+                code = container.wait(timeout=max(remaining, 1))["StatusCode"]
         except (ReadTimeout, ConnectionError):
             killed_for = "timeout"
             container.kill()
@@ -296,9 +303,22 @@ def _pump(container, tail: list[str], log: Callable[[str], None]) -> None:
 
 def _emit(raw: bytes, tail: list[str], log: Callable[[str], None]) -> None:
     line = raw.decode(errors="replace").rstrip()
-    tail.append(line)
-    del tail[:-40]
+    if not line.startswith(progress.PREFIX):  # the tail explains failures; progress does not
+        tail.append(line)
+        del tail[:-40]
     log(line)
+
+
+def _container_rss(container) -> int | None:
+    """Resident memory of the container's processes, seen from the host's /proc (None when
+    the engine runs elsewhere)."""
+    from day0.memory import group_rss_bytes, rss_bytes
+
+    container.reload()
+    pid = int(container.attrs.get("State", {}).get("Pid") or 0)
+    if not pid:
+        return None
+    return group_rss_bytes(pid) or rss_bytes(pid) or None
 
 
 __all__ = ["run_in_container", "shared_volumes", "image_id", "LABEL"]

@@ -20,8 +20,17 @@ A stage is a module (usually a package ``day0/stages/<name>/``) exposing:
 ``markdown``        optional ``markdown(result: dict, gates: list) -> str``: its report.md
                     section; default a table of its metrics
 ``tables``          optional ``tables(result: dict) -> dict[key, (description, rows)]``: extra
-                    tables shown as Prefect artifacts
+                    tables shown as Prefect artifacts (the key gets ``-<model>-<target>``)
+``plots``           optional ``plots(result: dict) -> dict[name, bytes]``: PNG figures, kept as
+                    ``plots/<stage>-<name>.png`` next to report.json (``--out`` and the
+                    published run) and shown inline in the Prefect UI; draw with
+                    :mod:`day0.plots` (matplotlib, Agg, imported only when drawing); a plot
+                    that raises is logged and left out
+``findings``        optional ``findings(result: dict) -> list[str]``: one-line findings (e.g.
+                    the first divergent layer) for the report's headline and the CLI
 ==================  ==========================================================================
+
+The report hooks get the stage's evidence as report.json keeps it (NaN/inf may be strings).
 
 Stages are found, in this order: the built-ins below, the ``day0.stages`` entry-point group
 (``name = "pkg.module"`` or ``"pkg.module:attr"``; how a vendor package adds a stage without

@@ -23,6 +23,7 @@ import torch
 from pydantic import Field
 from torch.utils._pytree import tree_flatten, tree_map
 
+from day0 import progress
 from day0.contract import Row
 from day0.torchkit.tolerances import Tolerances
 
@@ -219,9 +220,14 @@ def _line(exc: BaseException) -> str:
 def replay_recorded(recorder, *, device: str, dtype: str, tolerances: Tolerances,
                     reference_inputs: str = "rounded") -> list[OpRow]:
     """One row per op an OpRecorder (record_examples=True) saw, sorted by op name."""
-    return [replay_op(name, stats, recorder.examples.get(name), device=device, dtype=dtype,
-                      tolerances=tolerances, reference_inputs=reference_inputs)
-            for name, stats in sorted(recorder.ops.items())]
+    ops = sorted(recorder.ops.items())
+    rows = []
+    for i, (name, stats) in enumerate(ops):
+        progress.update("ops", i, len(ops), detail=f"replaying {name}")
+        rows.append(replay_op(name, stats, recorder.examples.get(name), device=device,
+                              dtype=dtype, tolerances=tolerances, reference_inputs=reference_inputs))
+    progress.update("ops", len(ops), len(ops), detail="replayed")
+    return rows
 
 
 def check_ops(model, input_ids: torch.Tensor, *, device: str, dtype: str,

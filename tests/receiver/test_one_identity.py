@@ -120,16 +120,10 @@ def stack(prefect_server, tmp_path_factory):
                     (root / "serve.log").read_text()[-3000:])
     s3.create_bucket("models")
     s3.create_bucket("hub-mirror")
-    saved = {k: os.environ.get(k) for k in s3.env()}
     try:
-        os.environ.update(s3.env())  # this process reads the bucket too
-        yield s3, receiver, env, root
+        with s3.exported():  # this process reads the bucket too
+            yield s3, receiver, env, root
     finally:
-        for key, value in saved.items():  # later tests must not see a stopped store
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
         receiver.stop()
         stop_group(served)
         s3.stop()

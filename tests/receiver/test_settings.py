@@ -11,11 +11,17 @@ from day0.receiver.settings import load_settings
 
 def test_defaults(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     s = load_settings()
     assert (s.host, s.port, s.targets, s.max_body_bytes, s.replay_window_s) == (
         "127.0.0.1", 8787, ["cpu-bf16"], 1 << 20, 300)
     assert s.sns_allowed_hosts == [] and s.secrets.release_hmac is None
-    assert s.journal == str(tmp_path / "day0-receiver.sqlite")
+    assert s.prefect_csrf is False  # Prefect's server default: no CSRF protection, no probe
+    # under the user's state folder, never /var/lib (root only)
+    assert s.journal == str(tmp_path / "state" / "day0" / "receiver" / "journal.sqlite")
+    monkeypatch.delenv("XDG_STATE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert load_settings().journal == str(tmp_path / "home/.local/state/day0/receiver/journal.sqlite")
 
 
 def test_file_env_secrets_and_relative_journal(tmp_path, monkeypatch):
@@ -36,6 +42,23 @@ def test_missing_env_secret_names_field(tmp_path, monkeypatch):
     cfg.write_text("secrets:\n  hf_webhook: env:NOPE_NOT_SET\n")
     with pytest.raises(ConfigError, match="secrets.hf_webhook.*NOPE_NOT_SET"):
         load_settings(cfg)
+
+
+def test_every_missing_secret_named_at_once(monkeypatch, capsys):
+    """The shipped config with no secret exported: one error naming all five, exit 2."""
+    from pathlib import Path
+
+    names = ["DAY0_RELEASE_SECRET", "DAY0_HF_WEBHOOK_SECRET", "DAY0_SEAWEEDFS_TOKEN",
+             "DAY0_S3_EVENTS_TOKEN", "DAY0_ADMIN_TOKEN"]
+    for var in names:
+        monkeypatch.delenv(var, raising=False)
+    config = Path(__file__).resolve().parents[2] / "deploy" / "receiver.yaml"
+    assert main(["hooks", "serve", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and all(var in err for var in names), err
+    assert "secrets.release_hmac" in err and "secrets.admin_token" in err
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert all(f"`{var}`" in readme for var in names)  # each one documented
 
 
 @pytest.mark.parametrize("text,why", [

@@ -25,8 +25,9 @@ other stage's result.
 
 from __future__ import annotations
 
-from day0.stages.alignment.report import (evidence, first_divergent_layer_line, layer_rows,
-                                          markdown)
+from day0.stages.alignment.plots import plots
+from day0.stages.alignment.report import (evidence, findings, first_divergent_layer_line,
+                                          layer_rows, markdown)
 
 REQUIRES: tuple[str, ...] = ()
 AFTER = ("analysis",)
@@ -36,7 +37,8 @@ TARGET_KINDS = ("torch",)
 def tables(result: dict) -> dict:
     """Prefect table artifacts: the per-layer errors (target, control, ratio, bound)."""
     rows = layer_rows(result)
-    return {"day0-layers": ("Per-layer relative error, target vs reference", rows)} if rows else {}
+    return {"day0-layers": ("Per-layer relative error, target and control vs reference; a layer "
+                            "diverges when ratio low exceeds its bound", rows)} if rows else {}
 
 
 CORE = ("Config", "Result", "run", "Memo")
@@ -51,5 +53,5 @@ def __getattr__(name: str):
     return getattr(importlib.import_module("day0.stages.alignment.core"), name)
 
 
-__all__ = ["REQUIRES", "AFTER", "TARGET_KINDS", "evidence", "markdown", "tables",
-           "first_divergent_layer_line"]
+__all__ = ["REQUIRES", "AFTER", "TARGET_KINDS", "evidence", "markdown", "tables", "plots",
+           "findings", "first_divergent_layer_line"]

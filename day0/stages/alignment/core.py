@@ -19,6 +19,7 @@ from day0.stages.alignment.paired import Blocks, Comparison, mean_excess, ratios
 from day0.stages.alignment.text import (load_tokenizer, prefix_token, prompts, read_text,
                                  resolve_text_file, tokenize, windows)
 from day0.torchkit.tolerances import load_tolerances
+from day0 import progress
 from day0.contract import StageInputs, StageResult
 from day0.errors import ConfigError, TargetFault
 from day0.modeling import check_source, load_pretrained
@@ -109,6 +110,7 @@ class Result(StageResult):
     top1_agreement: float = Field(description="Fraction of positions with the same argmax.")
     control_kl_mean: float = Field(math.nan, description="Mean KL(ref||control), nats.")
     control_kl_p99: float = Field(math.nan, description="99th percentile of KL(ref||control).")
+    control_kl_max: float = Field(math.nan, description="Largest per-position KL(ref||control).")
     control_top1_agreement: float = Field(math.nan, description="Control's top-1 agreement.")
     routers: list[RouterRow] | None = Field(None, description="Per-router agreement (MoE).")
     expert_agreement: float | None = Field(None, description=(
@@ -224,6 +226,8 @@ def run(config: Config, inputs: StageInputs, *, memo: Memo | None = None) -> Res
         clock = now
 
     target, reference = inputs.target, inputs.reference
+    # rough shares of the stage's time on a CPU target (the windows dominate)
+    progress.plan({"weights": 1, "models": 1, "ops": 1, "windows": 6, "generation": 1})
     tolerances = load_tolerances(config.tolerance_file)
     source_name = inputs.source
     # s3:// sources: streamed shard by shard into the local cache (unchanged ETags: no download)
@@ -251,11 +255,15 @@ def run(config: Config, inputs: StageInputs, *, memo: Memo | None = None) -> Res
                                trust_remote_code=inputs.trust_remote_code)
 
     control_profile = reference.model_copy(update={"dtype": target.dtype})
+    same = _is_control(target, reference)
+    sides = 1 + (target.dtype != reference.dtype) + (not same)
+    progress.update("models", 0, sides, detail="loading the reference")
     if memo is None:
         ref_side = Side("reference", load(reference), reference.device)
     else:
         ref_side = memo.side("reference", inputs.source, reference.device, reference.dtype,
                              lambda: load(reference))
+    progress.update("models", 1, sides, detail="reference loaded")
     if target.dtype == reference.dtype:  # the control at the reference's dtype IS the reference
         ctl_side = ref_side
     elif memo is None:
@@ -263,11 +271,13 @@ def run(config: Config, inputs: StageInputs, *, memo: Memo | None = None) -> Res
     else:
         ctl_side = memo.side("control", inputs.source, reference.device, target.dtype,
                              lambda: load(control_profile))
+    if ctl_side is not ref_side:
+        progress.update("models", 2, sides, detail="control loaded")
     ref, ctl = ref_side.model, ctl_side.model
-    same = _is_control(target, reference)
     tgt = None if same else load(target)
     if tgt is not None:
         apply_plugins(tgt, target.plugins)
+        progress.update("models", sides, sides, detail="target loaded")
     lap("load")
 
     notes: list[str] = []
@@ -375,7 +385,7 @@ def _summarize(config: Config, evidence, tolerances, target, span: int, n_bucket
         kl_p99=summary["kl_p99"], kl_max=summary["kl_max"],
         kl_max_bucket=_nan_max(bucket_kls) if bucket_kls else math.nan,
         top1_agreement=summary["top1_agreement"], control_kl_mean=summary["control_kl_mean"],
-        control_kl_p99=summary["control_kl_p99"],
+        control_kl_p99=summary["control_kl_p99"], control_kl_max=summary["control_kl_max"],
         control_top1_agreement=summary["control_top1_agreement"], routers=routers,
         expert_agreement=agreement, control_expert_agreement=control_agreement,
         expert_exact_match=exact, perplexity_reference=summary["perplexity_reference"],
@@ -417,12 +427,20 @@ def _generation(config: Config, ids, prefix, tokenizer, ref, ctl, tgt, ref_devic
     chosen = prompts(ids, config.generation_prompts, config.prompt_tokens)
     head = [prefix] if prefix is not None else []
     batch = [head + prompt for _, prompt in chosen]
+    sides = 1 + (ctl is not ref) + (tgt is not None)
+    what = f"{len(batch)} prompts x {config.new_tokens} tokens"
     try:
+        progress.update("generation", 0, sides, detail=f"{what}: reference")
         refs = greedy(ref, batch, config.new_tokens, ref_device, pad)
+        progress.update("generation", 1, sides, detail=f"{what}: reference done")
         ctls = refs if ctl is ref else greedy(ctl, batch, config.new_tokens, ref_device, pad)
+        if ctl is not ref:
+            progress.update("generation", 2, sides, detail=f"{what}: control done")
         try:
             tgts = ctls if tgt is None else gen.greedy(tgt, batch, config.new_tokens,
                                                        target.device, pad)
+            if tgt is not None:
+                progress.update("generation", sides, sides, detail=f"{what}: target done")
         except Exception as exc:
             raise TargetFault(f"target generate() raised {type(exc).__name__}: {exc}",
                              field="target.plugins" if target.plugins else "target",

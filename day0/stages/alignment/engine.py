@@ -22,6 +22,7 @@ import torch
 from day0.stages.alignment.layers import Capture, LayerAccumulator, RouterAccumulator
 from day0.stages.alignment.logits import LogitAccumulator, bucket_index
 from day0.stages.alignment.text import Window
+from day0 import progress as stage_progress
 from day0.errors import TargetFault
 
 
@@ -130,8 +131,12 @@ def evaluate(wins: list[Window], reference: Side, control: Side, target: Side | 
             evidence.window_of.append(torch.full((int(scored.sum()),), w))
             evidence.bucket_of.append(bucket_of_position[pos][scored])
             evidence.position_of.append(pos[scored])
+            reached = r.start + length
+            stage_progress.update("windows", w + (reached == len(window.ids)), len(wins),
+                                  detail=f"window {w + 1}: positions {reached}/{len(window.ids)}",
+                                  fraction=(w + reached / len(window.ids)) / len(wins))
             if len(window.ids) > chunk:
-                progress(f"window {w + 1}/{len(wins)}: positions {r.start + length} of "
+                progress(f"window {w + 1}/{len(wins)}: positions {reached} of "
                          f"{len(window.ids)}")
     return evidence
 

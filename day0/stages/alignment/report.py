@@ -28,15 +28,30 @@ def _table(head: list[str], rows: list[list]) -> str:
     return "\n".join(lines) + "\n"
 
 
-DEFINITIONS = (
-    "Populations: every KL, top-1 and perplexity figure is over the *scored positions*: all "
-    "positions of every window except the first `context_tokens` (the start token and the "
-    "context after it). `mean` is the mean over those positions; `p99` their 99th percentile "
-    "(it can sit below the mean when a few positions carry most of the KL). The *control* is the "
-    "reference implementation at the target's dtype on the reference device, no plugins: what a "
-    "correct port costs. *ratio* = target / control (control floored at the noise level); "
-    "*low*/*high* = its 95 % confidence bounds from a paired block bootstrap over positions. "
-    "Relative gates read *low*.")
+DEFINITIONS = """\
+How to read these numbers (every figure is against the reference: float32 on the reference device):
+- *scored positions*: every position of every window except its first `context_tokens` (the start \
+token and the context after it); all KL, top-1 and perplexity figures are over this one \
+population (`positions` above), pooled across windows.
+- *KL*: per scored position, KL(reference || x) of the next-token distributions over the whole \
+vocabulary, in nats; x is the target or the control.
+- `kl_mean`: the mean of those per-position KLs; `kl_p99`: their 99th percentile (linear \
+interpolation); `kl_max`: the largest one. KL is heavy-tailed: when fewer than 1 % of the \
+positions carry most of it, `kl_p99` sits below the mean (the mean is pulled up by positions \
+above the 99th percentile); compare `kl_max`.
+- *bucket*: the positions of a window cut into equal ranges; a bucket's KL is the mean over its \
+scored positions in every window; `kl_max_bucket` is the largest bucket mean.
+- *top-1 agreement*: the share of scored positions whose argmax token equals the reference's; \
+*perplexity*: exp(mean NLL of the next token) over the scored positions that have one.
+- *control*: the same implementation at the target's dtype on the reference device, no plugins: \
+what a correct port costs. *ratio* = target / control (control floored at its noise level); \
+*low*/*high*: its one-sided 95 % confidence bounds from a paired block bootstrap over \
+positions. Relative gates read *low*.
+- *layer error*: ||x - reference|| / ||reference|| of a decoder layer's output, per position, \
+then averaged. A layer *diverges* when its target/control error ratio's lower bound in its worst \
+bucket exceeds the claim's layer *bound* (or it produces non-finite values); `layers-aligned` \
+counts those layers, the *first divergent layer* is the lowest of them.
+"""
 
 
 def _comparison(a: dict, name: str) -> dict:
@@ -53,6 +68,10 @@ def _worst_bucket(a: dict) -> dict:
     buckets = [b for b in a.get("buckets") or [] if b.get("kl_ratio_low") is not None]
     return max(buckets, key=lambda b: b["kl_ratio_low"] if isinstance(b["kl_ratio_low"], float)
                else float("inf")) if buckets else {}
+
+
+def _diverged(a: dict) -> str:
+    return ", ".join(str(r.get("layer")) for r in a.get("layers") or [] if r.get("diverged"))
 
 
 def _mean(values: list) -> float | None:
@@ -79,7 +98,8 @@ SIDES = {
         "expert-set disagreement", _comparison(a, "expert_disagreement").get("target"),
         _comparison(a, "expert_disagreement").get("control"), 0.0),
     "alignment.layers.diverged": lambda a: (
-        f"relative error, worst layer ({_worst_layer(a).get('layer')})",
+        f"layers diverged: {_diverged(a) or 'none'}; relative error of the worst layer "
+        f"({_worst_layer(a).get('layer')})",
         _worst_layer(a).get("rel_error"), _worst_layer(a).get("control_rel_error"), 0.0),
     "alignment.logits.kl_mean": lambda a: (
         "mean KL to the reference", a.get("kl_mean"), a.get("control_kl_mean"), 0.0),
@@ -125,10 +145,10 @@ def markdown(a: dict, gates: list | None = None) -> str:
         f"{_f(a.get('prefix_token'))}, first {_f(a.get('context_tokens'))} positions context only; "
         f"{_f(a.get('positions'))} scored positions",
         f"- coverage: {_f(a.get('covered_fraction'))} of the trained context {_f(max_pos)}",
-        f"- first divergent layer: {_f(a.get('first_divergent_layer'))}",
+        f"- layers diverged: {_diverged(a) or 'none'}",
     ]
     parts += [f"- note: {n}" for n in a.get("notes") or []]
-    parts += ["", DEFINITIONS, ""]
+    parts += ["", DEFINITIONS]
     if gates:
         parts += ["### Alignment gates: target vs control vs reference\n", gate_sides(a, gates)]
     rows = [[c.get("metric"), c.get("target"), c.get("control"), c.get("ratio"), c.get("low"), c.get("high"),
@@ -139,7 +159,7 @@ def markdown(a: dict, gates: list | None = None) -> str:
         ["side", "KL mean", "KL p99", "KL max", "top-1 agreement", "perplexity"],
         [["target", a.get("kl_mean"), a.get("kl_p99"), a.get("kl_max"), a.get("top1_agreement"),
           a.get("perplexity_target")],
-         ["control", a.get("control_kl_mean"), a.get("control_kl_p99"), None,
+         ["control", a.get("control_kl_mean"), a.get("control_kl_p99"), a.get("control_kl_max"),
           a.get("control_top1_agreement"), a.get("perplexity_control")],
          ["reference", 0.0, 0.0, 0.0, 1.0, a.get("perplexity_reference")]])]
     parts += ["### KL by position bucket\n", _table(
@@ -148,7 +168,8 @@ def markdown(a: dict, gates: list | None = None) -> str:
         [[b.get("bucket"), f"{b['start']}-{b['end'] - 1}", b.get("positions"), b.get("kl_mean"),
           b.get("control_kl_mean"), b.get("kl_ratio"), b.get("kl_ratio_low"),
           b.get("top1_agreement"), b.get("control_top1_agreement")] for b in a.get("buckets") or []])]
-    parts += ["### Per-layer relative error ||x - reference|| / ||reference||\n", _table(
+    parts += ["### Per-layer relative error ||x - reference|| / ||reference||\n",
+              "A layer diverges when *low* (worst bucket) exceeds *bound*.\n", _table(
         ["layer", "target", "control", "ratio", "low (worst bucket)", "bound", "worst bucket",
          "diverged"],
         [[r.get("layer"), r.get("rel_error"), r.get("control_rel_error"), r.get("ratio"),
@@ -180,14 +201,32 @@ def markdown(a: dict, gates: list | None = None) -> str:
 
 
 LAYER_COLUMNS = {"layer": "layer", "rel_error": "target error", "control_rel_error": "control error",
-                 "ratio": "ratio", "ratio_low": "ratio low (worst bucket)", "bound": "bound",
-                 "diverged": "diverged"}
+                 "ratio": "ratio", "ratio_low": "ratio low (worst bucket)",
+                 "bound": "bound (diverged above)", "diverged": "diverged"}
 
 
 def layer_rows(a: dict) -> list[dict]:
-    """Per-layer table: target and control error against the reference, ratio and its bound."""
-    return [{label: _f(row.get(key), 6) for key, label in LAYER_COLUMNS.items()}
-            for row in a.get("layers") or []]
+    """Per-layer table: target and control error against the reference, ratio and its bound;
+    its diverged rows are what `alignment.layers.diverged` (gate layers-aligned) counts."""
+    first = a.get("first_divergent_layer")
+    rows = []
+    for row in a.get("layers") or []:
+        cells = {label: _f(row.get(key), 6) for key, label in LAYER_COLUMNS.items()}
+        if row.get("diverged"):
+            cells["diverged"] = "**first divergent**" if row.get("layer") == first else "**yes**"
+        rows.append(cells)
+    return rows
+
+
+def findings(a: dict) -> list[str]:
+    """One-line findings for the headline and the CLI: the first divergent layer."""
+    first = a.get("first_divergent_layer")
+    if first is None:
+        return []
+    row = next((r for r in a.get("layers") or [] if r.get("layer") == first), {})
+    return [f"first divergent layer: {first} (target/control error ratio at least "
+            f"{_f(row.get('ratio_low'), 3)}, bound {_f(row.get('bound'), 3)}; layers diverged: "
+            f"{_diverged(a)})"]
 
 
 def first_divergent_layer_line(a: dict) -> str:
@@ -199,4 +238,5 @@ def evidence(a: dict) -> dict:
     return dict(a)
 
 
-__all__ = ["markdown", "layer_rows", "evidence", "first_divergent_layer_line", "gate_sides"]
+__all__ = ["markdown", "layer_rows", "evidence", "findings", "first_divergent_layer_line",
+           "gate_sides", "DEFINITIONS"]

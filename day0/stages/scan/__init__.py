@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from day0 import DATA_DIR
 from day0.contract import StageInputs, StageResult
 from day0.errors import ConfigError
-from day0 import memory
+from day0 import memory, progress
 from day0.yamlio import read_mapping
 
 DATA = DATA_DIR
@@ -149,6 +149,7 @@ def run(config: Config, inputs: StageInputs) -> Result:
     from day0.checkpoint_io import read_config
 
     start = time.perf_counter()
+    progress.plan({"layers": 4, "probe": 1})
     target = inputs.target
     manifest = None
     if target.op_manifest:
@@ -171,11 +172,13 @@ def run(config: Config, inputs: StageInputs) -> Result:
             res.config._experts_implementation = config.experts_implementation
         if config.attn_implementation:
             res.config._attn_implementation = config.attn_implementation
+        progress.update("probe", 0, 1, detail=f"shrunk model on {target.device}")
         probe = run_probe(res, device=target.device, dtype=dtype, plugins=target.plugins,
                           hidden=config.probe_hidden_size, heads=config.probe_heads,
                           intermediate=config.probe_intermediate_size,
                           vocab=config.probe_vocab_size, max_layers=config.probe_max_layers,
                           seq_len=config.probe_seq_len, seed=config.seed)
+        progress.update("probe", 1, 1, detail=f"{len(probe.recorder.ops)} ops seen")
     rows = _rows(meta.recorder, probe, manifest, target.op_manifest)
     source = "manifest" if manifest else ("probe" if probe else "none")
     good = sum(r.status in ("covered", "manifest") for r in rows)

@@ -242,6 +242,27 @@ class MetaScan:
     notes: list[str] = field(default_factory=list)
 
 
+def _layer_progress(model, recorder) -> list:
+    """Forward hooks saying how many decoder layers the full-size forward has passed (and the
+    op calls recorded so far); they read counters only, never a tensor."""
+    from day0 import progress
+    from day0.modeling import decoder_layers
+
+    try:
+        layers = decoder_layers(model)
+    except Exception:  # no .model.layers: no layer progress, the scan is the same
+        return []
+
+    def after(index: int):
+        def hook(module, args, output):
+            calls = sum(s.count for s in recorder.ops.values())
+            progress.update("layers", index + 1, len(layers),
+                            detail=f"{calls} aten op calls recorded")
+        return hook
+
+    return [layer.register_forward_hook(after(i)) for i, layer in enumerate(layers)]
+
+
 def meta_scan(resolved, *, dtype: torch.dtype, seq_len: int, batch: int = 1,
               experts_implementation: str | None = None, attn_implementation: str | None = None
               ) -> MetaScan:
@@ -274,6 +295,7 @@ def meta_scan(resolved, *, dtype: torch.dtype, seq_len: int, batch: int = 1,
     setattr(ids, SHADOW, ids_cpu)
     recorder = MetaScanRecorder()
     error = failed = None
+    hooks = _layer_progress(model, recorder)
     try:
         with torch.no_grad(), recorder:
             model(input_ids=ids, use_cache=False)
@@ -282,6 +304,9 @@ def meta_scan(resolved, *, dtype: torch.dtype, seq_len: int, batch: int = 1,
     except Exception as exc:  # model code may fail outside any op (e.g. a device check)
         error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         failed = recorder.last_op
+    finally:
+        for hook in hooks:
+            hook.remove()
     notes += [f"{op}: {text}" for op, text in sorted(recorder.assumptions)]
     return MetaScan(recorder, params, time.perf_counter() - start, error, failed, notes)
 
