@@ -107,7 +107,7 @@ def test_upload_shard_by_shard_starts_exactly_one_run_after_the_last(stack):
     with get_client(sync_client=True) as pc:
         artifacts = pc.read_artifacts(artifact_filter=ArtifactFilter(
             flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
-    assert any(a.key.startswith("day0-report-") for a in artifacts), [a.key for a in artifacts]
+    assert any((a.key or "").startswith("day0-report-") for a in artifacts), [a.key for a in artifacts]
 
 
 def test_signed_release_webhook_and_rejections(stack):
