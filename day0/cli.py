@@ -56,6 +56,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--text", default=None, help="evaluation text for alignment (default: built-in)")
     p.add_argument("--config", default=None, help="YAML with per-stage settings: {analysis: {...}, scan: {...}, alignment: {...}}")
     p.add_argument("--no-cache", action="store_true", help="recompute every stage")
+    p.add_argument("--stages", default=None, type=lambda v: [s for s in v.split(",") if s],
+                   metavar="A,B", help=(
+                       "run only these stages (and what they need), e.g. smoke,api_alignment; "
+                       "default every stage for the target's kind (`day0 stages`)"))
     p.add_argument("--revision", default=None, help=(
         "the release's revision: names the results path and keys the reference perplexity "
         "stored for later runs of this model and revision"))
@@ -154,7 +158,8 @@ def cmd_validate(args) -> int:
     req = request.build(args.source, target=args.target, target_file=args.target_file,
                         gates=args.gates, out=args.out, config=args.config, text=args.text,
                         use_cache=not args.no_cache, trust_remote_code=args.trust_remote_code,
-                        revision=args.revision, deployment=args.deployment)
+                        revision=args.revision, deployment=args.deployment,
+                        stages=args.stages)
     report_json = local.validate_on(args.deployment, req) if args.deployment else local.validate(req)
     report = reporting.Report.model_validate(report_json)
     code, error = request.exit_status(report)

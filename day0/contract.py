@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from day0.engines.settings import Endpoint
 from day0.targets import REFERENCE, Target
 
 
@@ -32,6 +33,9 @@ class StageInputs(BaseModel):
     revision: str | None = Field(None, description=(
         "The release's revision when one is named (keys stored reference scores of this "
         "model/revision); None for an anonymous run."))
+    endpoint: Endpoint | None = Field(None, description=(
+        "Engine targets: where the engine under test answers (attached, or launched by the "
+        "flow for the run's engine stages); None for torch targets."))
 
 
 class Row(BaseModel):

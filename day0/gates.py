@@ -127,16 +127,23 @@ def load_gates(path: str | Path | None = None) -> GatesFile:
 
 
 def evaluate(gates: GatesFile, metrics: dict[str, float | None], *, is_moe: bool,
-             missing_reasons: dict[str, str] | None = None, claim: str = "faithful"
-             ) -> list[GateResult]:
+             missing_reasons: dict[str, str] | None = None, claim: str = "faithful",
+             inapplicable: dict[str, str] | None = None) -> list[GateResult]:
     """Judge every gate. missing_reasons maps a metric prefix (stage) to why it is absent
     (e.g. "failed: <error>", "not run: analysis failed");
-    claim selects by_claim thresholds (the target's claim)."""
+    claim selects by_claim thresholds (the target's claim); inapplicable maps a metric prefix
+    (a stage that does not run on this kind of target) to why its gates do not apply."""
     results = []
     for gate in gates.gates:
         threshold = gate.by_claim.get(claim, gate.threshold)
         base = dict(id=gate.id, metric=gate.metric, op=gate.op, threshold=threshold,
                     severity=gate.severity)
+        why_not = next((r for prefix, r in (inapplicable or {}).items()
+                        if gate.metric.startswith(prefix + ".")), None)
+        if why_not:
+            results.append(GateResult(**base, observed=None, passed=True, applicable=False,
+                                      reason=f"not applicable: {why_not}"))
+            continue
         if gate.applies_to != "all" and (gate.applies_to == "moe") != is_moe:
             kind = "MoE" if is_moe else "dense"
             results.append(GateResult(**base, observed=metrics.get(gate.metric), passed=True,

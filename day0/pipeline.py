@@ -48,10 +48,25 @@ def stage_inputs(name: str, base: StageInputs, outcomes: dict[str, StageOutcome]
                  ) -> tuple[StageInputs, dict[str, str]]:
     """The stage's inputs (with the results it requires as upstream) and the cache keys of
     those stages (its key includes them; never their results, which carry timings)."""
-    required = stages.get(name).requires
+    stage = stages.get(name)
+    required = stage.requires
     upstream = {dep: outcomes[dep].result or {} for dep in required}
     keys = {dep: outcomes[dep].cache_key or "" for dep in required}
-    return base.model_copy(update={"upstream": upstream}), keys
+    update: dict = {"upstream": upstream}
+    if not stage.uses_endpoint:  # only engine stages talk to the engine (and go uncached)
+        update["endpoint"] = None
+    return base.model_copy(update=update), keys
+
+
+def needs_endpoint(waves: list[list[str]]) -> bool:
+    """Whether any planned stage talks to the engine (the flow launches it only then)."""
+    return any(stages.get(name).uses_endpoint for wave in waves for name in wave)
+
+
+def without_engine(name: str, why: str) -> StageOutcome:
+    """The outcome of an engine stage whose engine never came up: ERROR with the reason."""
+    return StageOutcome(stage=name, ok=False, failure="error", error=why, exit_code=3,
+                        log_tail=why.splitlines()[-15:])
 
 
 def facts_of(name: str, outcome: StageOutcome) -> dict:
@@ -77,8 +92,13 @@ def conclude(gate_file: GatesFile, target: Target, outcomes: dict[str, StageOutc
     for name in stages.names():
         missing.setdefault(name, "not run: not selected for this validation")
     metrics = {k: v for o in outcomes.values() for k, v in o.metrics.items()}
+    # a stage that cannot run on this kind of target (in-process op replay on a served engine,
+    # API smoke tests on a torch target) has no gates here: not applicable, not failed
+    inapplicable = {name: f"stage {name} does not run on {target.kind} targets"
+                    for name in stages.names() if target.kind not in stages.get(name).target_kinds}
     results = gating.evaluate(gate_file, metrics, is_moe=bool(facts.get("moe")),
-                              missing_reasons=missing, claim=target.claim)
+                              missing_reasons=missing, claim=target.claim,
+                              inapplicable=inapplicable)
     broken = {name: error for name, error in failed.items() if outcomes[name].failure != "target"}
     checkpoint_problems = list(dict.fromkeys(
         p for o in outcomes.values() if o.ok for p in (o.result or {}).get("checkpoint_problems", [])))
@@ -86,4 +106,4 @@ def conclude(gate_file: GatesFile, target: Target, outcomes: dict[str, StageOutc
                       checkpoint_problems)
 
 
-__all__ = ["check_configs", "blocked", "stage_inputs", "facts_of", "conclude", "Conclusion"]
+__all__ = ["check_configs", "blocked", "stage_inputs", "needs_endpoint", "without_engine", "facts_of", "conclude", "Conclusion"]

@@ -20,6 +20,7 @@ from day0.gates import GateResult
 from day0 import stages
 from day0.errors import Day0Error
 from day0.stage import StageOutcome
+from day0.engines.settings import Endpoint
 from day0.targets import Target
 
 # 2 (bad input or config: day0.request.exit_status) and 4 (a day0 bug) are the CLI's own
@@ -53,6 +54,9 @@ class Report(BaseModel):
         "params, dimensions."))
     target: Target
     reference: Target
+    engine: Endpoint | None = Field(None, description=(
+        "Engine targets: the engine the stages talked to (attached or launched; ready_s: how "
+        "long the launched plain configuration took to answer)."))
     gates: list[GateResult]
     stages: dict[str, StageSummary]
     metrics: dict[str, float | None]
@@ -77,7 +81,8 @@ class Report(BaseModel):
 
 def build(*, source: str, target: Target, reference: Target, outcomes: dict[str, StageOutcome],
           gate_results: list[GateResult], verdict: str, facts: dict | None = None,
-          checkpoint_problems: list[str] | None = None, identity: dict | None = None) -> Report:
+          checkpoint_problems: list[str] | None = None, identity: dict | None = None,
+          engine: Endpoint | None = None) -> Report:
     metrics: dict[str, float | None] = {}
     for outcome in outcomes.values():
         metrics.update(outcome.metrics)
@@ -87,7 +92,8 @@ def build(*, source: str, target: Target, reference: Target, outcomes: dict[str,
             evidence[name] = _hook(name, "evidence", outcome.result) or {}
             findings += list(_hook(name, "findings", evidence[name]) or [])
     return Report(
-        verdict=verdict, source=source, target=target, reference=reference, gates=gate_results,
+        verdict=verdict, source=source, target=target, reference=reference, engine=engine,
+        gates=gate_results,
         identity=dict(identity or {}), model=dict(facts or {}),
         stages={name: StageSummary(ok=o.ok, cached=o.cached, seconds=round(o.seconds, 3),
                                    failure=o.failure, error=o.error, ran_in=o.ran_in,

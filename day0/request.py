@@ -98,7 +98,8 @@ def stage_configs(config: str | None = None, text: str | None = None) -> dict[st
 def build(source: str, *, target: str | None = None, target_file: str | None = None,
           gates: str | None = None, out: str | None = None, config: str | None = None,
           text: str | None = None, use_cache: bool = True, trust_remote_code: bool = False,
-          revision: str | None = None, deployment: str | None = None) -> ValidateRequest:
+          revision: str | None = None, deployment: str | None = None,
+          stages: list[str] | None = None) -> ValidateRequest:
     """A checked request from command-line values; raises InputError/ConfigError (exit 2)
     before any run starts. deployment: the request goes to that deployment's workers."""
     from day0.gates import load_gates
@@ -110,11 +111,15 @@ def build(source: str, *, target: str | None = None, target_file: str | None = N
         raise ConfigError("--target-file is read on this machine only", field="--target-file",
                           fix="with --deployment, name a target the worker knows (--target NAME)")
     load_gates(gates)
+    if stages:
+        from day0 import stages as registry
+
+        registry.plan(stages, profile.kind)  # unknown, or not for this kind of target: exit 2
     return ValidateRequest(
         source=source, target=None if target_file else profile.name, target_file=target_file,
         gates=gates, out=str(Path(out).resolve()) if out else None,
         stage_configs=stage_configs(config, text) or None, use_cache=use_cache,
-        trust_remote_code=trust_remote_code, revision=revision)
+        trust_remote_code=trust_remote_code, revision=revision, stages=stages or None)
 
 
 def stage_inputs(source: str, *, target: str | None = None, target_file: str | None = None,

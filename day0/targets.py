@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from day0.engines.settings import EngineSettings
 from day0.errors import ConfigError, Problem, did_you_mean
 from day0.yamlio import load_model, read_mapping
 
@@ -111,9 +112,13 @@ class Target(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(description="Unique name, used as --target NAME.")
-    kind: Literal["torch"] = Field("torch", description=(
+    kind: Literal["torch", "engine"] = Field("torch", description=(
         "What the target is, which decides the stages that apply to it (each stage declares "
-        "TARGET_KINDS; day0.stages): torch = the model runs in PyTorch on `device`."))
+        "TARGET_KINDS; day0.stages): torch = the model runs in PyTorch on `device`; engine = "
+        "a serving engine behind the OpenAI-compatible API (the `engine` section)."))
+    engine: EngineSettings | None = Field(None, description=(
+        "With kind: engine, the OpenAI-compatible engine: attached (base_url) or launched "
+        "(launch command template), its variants and API key variable."))
     device: str = Field(description="torch device type: cpu, cuda, xpu, mps, npu, ...")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         description="dtype the target runs the model in.")
@@ -165,6 +170,14 @@ class Target(BaseModel):
             raise ValueError("runner: docker needs a 'container' section with at least 'image'")
         if self.runner == "deployment" and not self.deployment:
             raise ValueError("runner: deployment needs 'deployment: day0-stage/NAME'")
+        if self.kind == "engine" and self.engine is None:
+            raise ValueError("kind: engine needs an 'engine' section with base_url or launch")
+        if self.engine is not None and self.kind != "engine":
+            raise ValueError(f"'engine' is only used with kind: engine (kind is {self.kind})")
+        if self.kind == "engine" and self.runner != "process":
+            raise ValueError(f"kind: engine runs with runner: process (got {self.runner}): the "
+                             "engine itself is the isolated process; launch a container engine "
+                             "with a `docker run` launch command")
         if self.container is not None and self.runner != "docker":
             raise ValueError(f"'container' is only used with runner: docker (runner is {self.runner})")
         return self

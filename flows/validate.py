@@ -27,6 +27,7 @@ from day0.stage import StageOutcome
 from day0.targets import REFERENCE, resolve_target
 from flows.results import result_storage
 from tasks.artifacts import label_run, publish_artifacts
+from tasks.engine import engine_session
 from tasks.housekeeping import start_of_run
 from tasks.stages import publish_report_task, run_stage_task
 
@@ -83,26 +84,31 @@ def validate(source: str, target: str | None = "cpu-bf16", target_file: str | No
     label_run(flow_run.id, logger, name=labels.run_name(*where), tags=labels.run_tags(*where))
 
     outcomes, skipped, facts = {}, {}, {}
-    for wave in waves:
-        futures = {}
-        for name in wave:
-            if reason := pipeline.blocked(name, outcomes, skipped):
-                skipped[name] = reason
-                continue
-            stage_inputs, required = pipeline.stage_inputs(name, inputs, outcomes)
-            futures[name] = run_stage_task.submit(
-                name, registry.get(name).locator, configs.get(name, {}), stage_inputs,
-                dict(facts), use_cache, weights, required)
-        for name, future in futures.items():
-            outcomes[name] = _outcome(future)
-            facts.update(pipeline.facts_of(name, outcomes[name]))
+    with engine_session(target_profile, source, pipeline.needs_endpoint(waves), logger) as engine:
+        inputs = inputs.model_copy(update={"endpoint": engine.endpoint})
+        for wave in waves:
+            futures = {}
+            for name in wave:
+                if reason := pipeline.blocked(name, outcomes, skipped):
+                    skipped[name] = reason
+                    continue
+                if engine.error and registry.get(name).uses_endpoint:
+                    outcomes[name] = pipeline.without_engine(name, engine.error)
+                    continue
+                stage_inputs, required = pipeline.stage_inputs(name, inputs, outcomes)
+                futures[name] = run_stage_task.submit(
+                    name, registry.get(name).locator, configs.get(name, {}), stage_inputs,
+                    dict(facts), use_cache, weights, required)
+            for name, future in futures.items():
+                outcomes[name] = _outcome(future)
+                facts.update(pipeline.facts_of(name, outcomes[name]))
 
     concluded = pipeline.conclude(gate_file, target_profile, outcomes, skipped, facts)
     run_id = identity.new_run_id(str(flow_run.id) if flow_run.id else None)
     report = reporting.build(
         source=source, target=target_profile, reference=REFERENCE, outcomes=outcomes,
         gate_results=concluded.gate_results, verdict=concluded.verdict, facts=facts,
-        checkpoint_problems=concluded.checkpoint_problems,
+        checkpoint_problems=concluded.checkpoint_problems, engine=engine.endpoint,
         identity={"model": release.model, "revision": release.revision,
                   "weights_digest": release.weights_digest, "run_id": run_id})
     plots = reporting.plots(report, logger)

@@ -52,6 +52,18 @@ SPECIAL = {"bos_token": "<|bos|>", "eos_token": "<|eos|>", "pad_token": "<|pad|>
 MAX_SHARD_SIZE = "1MB"  # a few MB per checkpoint -> several shards, like a real release
 THREADS = 1  # bit-reproducible, and robust on a busy 2-core machine (2 threads oversubscribe)
 BF16_MAX_LOG_RATIO = 0.1  # |log(ppl_bf16 / ppl_fp32)|; normal bf16 noise is ~0.01
+# A Llama-3-like chat template (tiny-llama), so engine chat APIs and the smoke stage's chat-template
+# parity have something to render. The vocabulary has no header tokens: the headers are plain text.
+LLAMA3_CHAT_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- for message in messages %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'"
+    " + message['content'] | trim + eos_token }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}"
+    "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
+    "{%- endif %}"
+)
 
 
 def _common(cfg: dict) -> dict:
@@ -80,6 +92,7 @@ class Spec:
     # Held-out perplexity with negated routers must exceed this multiple of the normal figure.
     min_router_effect: float = 1.5
     train_kwargs: dict = field(default_factory=dict)
+    chat_template: str | None = None  # written to tokenizer_config.json
 
 
 def specs() -> list[Spec]:
@@ -103,7 +116,8 @@ def specs() -> list[Spec]:
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, rope_interleave=True,
     )))
     return [
-        Spec("tiny-llama", LlamaForCausalLM, llama, steps=250, lr=3e-3),
+        Spec("tiny-llama", LlamaForCausalLM, llama, steps=250, lr=3e-3,
+             chat_template=LLAMA3_CHAT_TEMPLATE),
         # The load-balancing loss (training only; the saved config keeps output_router_logits
         # false like real releases) keeps all experts in use, so routing decisions matter.
         # 400 steps, not fewer: with less training, near-tie routing at layer 0 makes ordinary
@@ -240,6 +254,8 @@ def save(spec: Spec, model, tok, out: Path, record: dict) -> None:
     tc_path = out / "tokenizer_config.json"
     tc = json.loads(tc_path.read_text())
     tc["tokenizer_class"] = "PreTrainedTokenizerFast"
+    if spec.chat_template:
+        tc["chat_template"] = spec.chat_template
     tc_path.write_text(json.dumps(tc, indent=2, sort_keys=True) + "\n")
     shards = sorted(out.glob("*.safetensors"))
     if len(shards) < 2 or not (out / "model.safetensors.index.json").exists():

@@ -28,6 +28,9 @@ def run_stage_task(stage: str, locator: str, config: dict, inputs: StageInputs,
     spec = StageSpec(stage=stage, locator=locator, config=config, inputs=inputs,
                      facts=facts or {})
     key = cache.stage_key(spec, weights, required)
+    # a served engine has no digest: what it answered today says nothing about tomorrow
+    cacheable = inputs.endpoint is None
+    use_cache = use_cache and cacheable
     if use_cache and (hit := cache.load(key)) is not None:
         logger.info("stage %s: cache hit %s (weights, target, config and code unchanged)",
                     stage, key[:12])
@@ -38,7 +41,8 @@ def run_stage_task(stage: str, locator: str, config: dict, inputs: StageInputs,
     tracker.finish(outcome.ok, f"{outcome.seconds:.1f} s" if outcome.ok else outcome.failure or "")
     outcome = outcome.model_copy(update={"cache_key": key})
     if outcome.ok:
-        cache.store(key, outcome)
+        if cacheable:
+            cache.store(key, outcome)
         logger.info("stage %s finished in %.1f s (%s)", stage, outcome.seconds, outcome.ran_in)
         return outcome
     logger.error("stage %s failed (%s): %s", stage, outcome.failure, outcome.error)

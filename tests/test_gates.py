@@ -116,3 +116,21 @@ def test_verdict_order_error_then_broken_then_fail(gates):
     assert verdict(failing, {}, broken) == "BROKEN"
     assert verdict(passing, {}, broken) == "BROKEN"
     assert verdict(failing, {}, []) == "FAIL" and verdict(passing, {}, []) == "PASS"
+
+
+def test_gates_of_stages_that_do_not_run_on_the_target_kind_are_not_applicable():
+    """An engine target: the in-process alignment/scan gates do not apply (not failed), the
+    engine stages' gates do; a torch target: the other way round (pipeline.conclude)."""
+    from day0 import pipeline
+    from day0.targets import resolve_target
+
+    gates = load_gates()
+    engine, torch_target = resolve_target("vllm-cpu-bf16"), resolve_target("cpu-bf16")
+    for target, absent, present in ((engine, "alignment.", "smoke."),
+                                    (torch_target, "smoke.", "alignment.")):
+        results = pipeline.conclude(gates, target, {}, {}, {}).gate_results
+        off = [r for r in results if r.metric.startswith(absent)]
+        on = [r for r in results if r.metric.startswith(present) and r.applicable]  # dense
+        assert off and all(not r.applicable and r.passed and "does not run on" in r.reason
+                           for r in off)
+        assert on and all(not r.passed and r.not_evaluated for r in on)

@@ -16,6 +16,7 @@ from day0.receiver.auth import sign
 from day0.receiver.launch import ReceiverProcess, free_port, write_config
 from tests.procs import stop_group
 from tests.conftest import MODELS
+from tests.runs import wait_final
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 DEPLOYMENT = "validate/day0-e2e"
@@ -34,18 +35,6 @@ def flow_runs():
         return client.read_flow_runs(flow_run_filter=FlowRunFilter(
             deployment_id=FlowRunFilterDeploymentId(any_=[deployment.id])))
 
-
-def wait_final(run_id, timeout_s=900):
-    from prefect.client.orchestration import get_client
-
-    deadline = time.monotonic() + timeout_s
-    with get_client(sync_client=True) as client:
-        while time.monotonic() < deadline:
-            run = client.read_flow_run(run_id)
-            if run.state and run.state.is_final():
-                return run
-            time.sleep(2)
-    pytest.fail(f"flow run {run_id} not final after {timeout_s} s")
 
 
 @pytest.fixture(scope="module")

@@ -86,11 +86,15 @@ def test_stage_task_state():
     assert crashed.name == "ERROR" and "scan" in crashed.message
 
 
+ENGINE_STAGES = ("smoke", "api_alignment", "serving")  # not applicable to a torch target
+
+
 def test_missing_metrics_are_one_not_evaluated_row_and_error_still_wins():
     gates = load_gates()
     results = evaluate(gates, {"scan.coverage": 1.0, "scan.complete": 1.0,
                                "analysis.plan_fits": 1.0}, is_moe=False,
-                       missing_reasons={"alignment": "failed: killed by SIGKILL"})
+                       missing_reasons={"alignment": "failed: killed by SIGKILL"},
+                       inapplicable={name: "engine stage" for name in ENGINE_STAGES})
     missing = [r for r in results if r.metric.startswith("alignment.") and r.applicable]
     assert missing and all(not r.passed for r in missing)
     assert {r.not_evaluated for r in missing} == {"stage alignment: failed: killed by SIGKILL"}

@@ -11,6 +11,10 @@ A stage is a module (usually a package ``day0/stages/<name>/``) exposing:
 ``AFTER``           stages it only runs after (they must succeed and find the checkpoint sound;
                     not read, not in its cache key); default ``()``
 ``TARGET_KINDS``    target kinds it supports (``Target.kind``); default ``("torch",)``
+``USES_ENDPOINT``   True when it talks to the engine of an engine target
+                    (``inputs.endpoint``: attached or launched by the flow around the run's
+                    waves); such a stage is never cached (a served engine has no digest);
+                    default False
 ``METRICS``         YAML declaring the metrics ``Result.metrics()`` may produce; default
                     ``day0/data/metrics/<name>.yaml``
 ``facts``           optional ``facts(result: dict) -> dict``: model facts (architecture, params,
@@ -53,7 +57,8 @@ from day0.errors import ConfigError, InputError, did_you_mean
 
 ENTRY_POINT_GROUP = "day0.stages"
 BUILTIN = {"analysis": "day0.stages.analysis", "scan": "day0.stages.scan",
-           "alignment": "day0.stages.alignment"}
+           "alignment": "day0.stages.alignment", "smoke": "day0.stages.smoke",
+           "api_alignment": "day0.stages.api_alignment", "serving": "day0.stages.serving"}
 _registered: dict[str, str] = {}
 
 
@@ -98,6 +103,10 @@ class Stage:
     @property
     def target_kinds(self) -> tuple[str, ...]:
         return tuple(self.hook("TARGET_KINDS", ("torch",)))
+
+    @property
+    def uses_endpoint(self) -> bool:
+        return bool(self.hook("USES_ENDPOINT", False))
 
     @property
     def metrics_file(self) -> Path:

@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 from urllib.parse import quote_plus
 
@@ -25,6 +24,7 @@ from day0 import identity
 from day0.receiver.launch import ReceiverProcess, free_port, write_config
 from tests.conftest import MODELS
 from tests.procs import stop_group
+from tests.runs import wait_final
 from tests.receiver.conftest import FAST_SUBMIT, SECRETS, make_checkpoint, upload_order
 from tests.receiver.support import journal_stats, post_release, runs, settled, wait_until
 from tests.receiver.test_events import s3_record
@@ -157,19 +157,6 @@ def new_run(before: int, timeout_s: float = 120):
                        interval_s=1)
     assert found and len(found) == before + 1, [r.name for r in found or []]
     return wait_final(sorted(found, key=lambda r: r.created)[-1].id)
-
-
-def wait_final(run_id, timeout_s: float = 900):
-    from prefect.client.orchestration import get_client
-
-    deadline = time.monotonic() + timeout_s
-    with get_client(sync_client=True) as client:
-        while time.monotonic() < deadline:
-            run = client.read_flow_run(run_id)
-            if run.state and run.state.is_final():
-                return run
-            time.sleep(2)
-    pytest.fail(f"flow run {run_id} not final after {timeout_s} s")
 
 
 def keys_under(client, bucket: str, prefix: str) -> list[str]:

@@ -15,8 +15,8 @@ from day0.stages.alignment.engine import MemoSide, Side, evaluate
 from day0.stages.alignment.layers import LayerRow, RouterRow
 from day0.stages.alignment.logits import BucketRow, bucket_bounds
 from day0.torchkit.replay import OpRow, check_ops
-from day0.stages.alignment.paired import Blocks, Comparison, mean_excess, ratios, worst
-from day0.stages.alignment.text import (load_tokenizer, prefix_token, prompts, read_text,
+from day0.torchkit.paired import Blocks, Comparison, mean_excess, ratios, worst
+from day0.torchkit.evaltext import (load_tokenizer, prefix_token, prompts, read_text,
                                  resolve_text_file, tokenize, windows)
 from day0.torchkit.tolerances import load_tolerances
 from day0 import progress

@@ -21,7 +21,7 @@ import torch
 
 from day0.stages.alignment.layers import Capture, LayerAccumulator, RouterAccumulator
 from day0.stages.alignment.logits import LogitAccumulator, bucket_index
-from day0.stages.alignment.text import Window
+from day0.torchkit.evaltext import Window
 from day0 import progress as stage_progress
 from day0.errors import TargetFault
 

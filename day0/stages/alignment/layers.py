@@ -14,7 +14,7 @@ import torch
 from pydantic import Field
 
 from day0.contract import Row
-from day0.stages.alignment.paired import Blocks, ratios
+from day0.torchkit.paired import Blocks, ratios
 
 from day0.modeling import decoder_layers
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from day0.plots import figure, number, png, positive
+from day0.plots import bucket_bars, figure, number, png, positive
 
 TARGET, CONTROL, BOUND, BAD = "#d62728", "#1f77b4", "#555555", "#d62728"
 
@@ -78,37 +78,10 @@ def layers_plot(a: dict) -> bytes:
 
 
 def kl_buckets_plot(a: dict) -> bytes:
-    buckets = a["buckets"]
-    labels = [f"{b.get('start')}-{(b.get('end') or 1) - 1}" for b in buckets]
-    target = [number(b.get("kl_mean")) for b in buckets]
-    control = [number(b.get("control_kl_mean")) for b in buckets]
-    lows = [number(b.get("kl_ratio_low")) for b in buckets]
-    x = list(range(len(buckets)))
-
-    fig = figure(7.5, 4.0)
-    ax = fig.subplots()
-    width = 0.38
-    ax.bar([i - width / 2 for i in x], [v if math.isfinite(v) else 0 for v in target], width,
-           color=TARGET, label="target")
-    ax.bar([i + width / 2 for i in x], [v if math.isfinite(v) else 0 for v in control], width,
-           color=CONTROL, label="control (known-good port)")
-    if positive(target + control):
-        ax.set_yscale("log")
-    for i, (t, low) in enumerate(zip(target, lows)):
-        text = "non-finite" if not math.isfinite(t) else (f"low {low:.3g}" if math.isfinite(low)
-                                                          else "")
-        if text:
-            ax.annotate(text, (i, 1.0), xycoords=("data", "axes fraction"), xytext=(0, -12),
-                        textcoords="offset points", ha="center", fontsize=8,
-                        color=BAD if not math.isfinite(t) else "#333333")
-    ax.set_xticks(x, labels)
-    ax.set_xlabel("position bucket (positions within a window)")
-    ax.set_ylabel("mean KL(ref || x), nats")
-    ax.set_title("KL to the reference per position bucket "
-                 "(low: 95 % lower bound of target/control)")
-    ax.legend(loc="best", fontsize=8)
-    ax.grid(True, axis="y", alpha=0.3)
-    return png(fig)
+    return bucket_bars(a["buckets"], "kl_mean", "control_kl_mean", "kl_ratio_low",
+                       side_label="target", ylabel="mean KL(ref || x), nats",
+                       title="KL to the reference per position bucket "
+                             "(low: 95 % lower bound of target/control)")
 
 
 __all__ = ["plots", "layers_plot", "kl_buckets_plot"]

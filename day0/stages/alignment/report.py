@@ -3,29 +3,7 @@ the gates read (windows, text, per-bucket KL, per-layer ratios, generation, per-
 
 from __future__ import annotations
 
-import math
-
-
-def _f(value, digits: int = 4) -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, str):  # NaN/Infinity as written by ser_json_inf_nan="strings"
-        return value
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return str(value) if not math.isfinite(value) else f"{value:.{digits}g}"
-    return str(value)
-
-
-def _table(head: list[str], rows: list[list]) -> str:
-    if not rows:
-        return "_none_\n"
-    lines = ["| " + " | ".join(h.replace("|", "\\|") for h in head) + " |",
-             "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(_f(c).replace("|", "\\|").replace("\n", " ") for c in row) + " |"
-              for row in rows]
-    return "\n".join(lines) + "\n"
+from day0.mdtable import cell, table
 
 
 DEFINITIONS = """\
@@ -126,7 +104,7 @@ def gate_sides(a: dict, gates: list) -> str:
             what, t, c, r = SIDES[metric](a)
             gid = g.id if hasattr(g, "id") else g["id"]
             rows.append([gid, what, t, c, r])
-    return _table(["gate", "quantity", "target", "control", "reference"], rows)
+    return table(["gate", "quantity", "target", "control", "reference"], rows)
 
 
 def markdown(a: dict, gates: list | None = None) -> str:
@@ -140,11 +118,11 @@ def markdown(a: dict, gates: list | None = None) -> str:
         f"{a.get('control')}" + (" (the target *is* the control: relative gates compare it with "
                                  "itself; absolute bounds decide)" if a.get("target_is_control")
                                  else ""),
-        f"- text: `{a.get('text_file')}` ({_f(a.get('text_tokens'))} tokens); "
-        f"{_f(a.get('windows'))} window(s) of {_f(a.get('seq_len'))} positions, start token "
-        f"{_f(a.get('prefix_token'))}, first {_f(a.get('context_tokens'))} positions context only; "
-        f"{_f(a.get('positions'))} scored positions",
-        f"- coverage: {_f(a.get('covered_fraction'))} of the trained context {_f(max_pos)}",
+        f"- text: `{a.get('text_file')}` ({cell(a.get('text_tokens'))} tokens); "
+        f"{cell(a.get('windows'))} window(s) of {cell(a.get('seq_len'))} positions, start token "
+        f"{cell(a.get('prefix_token'))}, first {cell(a.get('context_tokens'))} positions context only; "
+        f"{cell(a.get('positions'))} scored positions",
+        f"- coverage: {cell(a.get('covered_fraction'))} of the trained context {cell(max_pos)}",
         f"- layers diverged: {_diverged(a) or 'none'}",
     ]
     parts += [f"- note: {n}" for n in a.get("notes") or []]
@@ -154,34 +132,34 @@ def markdown(a: dict, gates: list | None = None) -> str:
     rows = [[c.get("metric"), c.get("target"), c.get("control"), c.get("ratio"), c.get("low"), c.get("high"),
              c.get("positions")] for c in a.get("comparisons") or []]
     parts += ["### Paired comparisons\n",
-              _table(["statistic", "target", "control", "ratio", "low", "high", "positions"], rows)]
-    parts += ["### Logits against the reference\n", _table(
+              table(["statistic", "target", "control", "ratio", "low", "high", "positions"], rows)]
+    parts += ["### Logits against the reference\n", table(
         ["side", "KL mean", "KL p99", "KL max", "top-1 agreement", "perplexity"],
         [["target", a.get("kl_mean"), a.get("kl_p99"), a.get("kl_max"), a.get("top1_agreement"),
           a.get("perplexity_target")],
          ["control", a.get("control_kl_mean"), a.get("control_kl_p99"), a.get("control_kl_max"),
           a.get("control_top1_agreement"), a.get("perplexity_control")],
          ["reference", 0.0, 0.0, 0.0, 1.0, a.get("perplexity_reference")]])]
-    parts += ["### KL by position bucket\n", _table(
+    parts += ["### KL by position bucket\n", table(
         ["bucket", "positions", "n", "target KL", "control KL", "ratio", "low", "target top-1",
          "control top-1"],
         [[b.get("bucket"), f"{b['start']}-{b['end'] - 1}", b.get("positions"), b.get("kl_mean"),
           b.get("control_kl_mean"), b.get("kl_ratio"), b.get("kl_ratio_low"),
           b.get("top1_agreement"), b.get("control_top1_agreement")] for b in a.get("buckets") or []])]
     parts += ["### Per-layer relative error ||x - reference|| / ||reference||\n",
-              "A layer diverges when *low* (worst bucket) exceeds *bound*.\n", _table(
+              "A layer diverges when *low* (worst bucket) exceeds *bound*.\n", table(
         ["layer", "target", "control", "ratio", "low (worst bucket)", "bound", "worst bucket",
          "diverged"],
         [[r.get("layer"), r.get("rel_error"), r.get("control_rel_error"), r.get("ratio"),
           r.get("ratio_low"), r.get("bound"), r.get("worst_bucket"), r.get("diverged")]
          for r in a["layers"]])]
     if a.get("routers"):
-        parts += ["### MoE routing (Jaccard of expert sets with the reference)\n", _table(
+        parts += ["### MoE routing (Jaccard of expert sets with the reference)\n", table(
             ["router", "tokens", "target", "exact", "control"],
             [[r.get("router"), r.get("tokens"), r.get("jaccard"), r.get("exact"), r.get("control_jaccard")]
              for r in a["routers"]])]
     if a.get("generation"):
-        parts += ["### Greedy generation\n", _table(
+        parts += ["### Greedy generation\n", table(
             ["prompt at", "target match", "control match", "first divergence", "reference",
              "target"],
             [[g.get("prompt_start"), g.get("match_rate"), g.get("control_match_rate"),
@@ -192,7 +170,7 @@ def markdown(a: dict, gates: list | None = None) -> str:
     bad = [o for o in ops if o.get("status") != "ok"]
     parts.append(f"{len(ops)} ops, {sum(o['status'] == 'ok' for o in ops)} ok, "
                  f"{len(bad)} not ok.\n")
-    parts.append(_table(["op", "kind", "calls", "status", "max |t-r|", "tolerance ratio",
+    parts.append(table(["op", "kind", "calls", "status", "max |t-r|", "tolerance ratio",
                          "reason"],
                         [[o.get("op"), o.get("kind"), o.get("calls"), o.get("status"), o.get("max_abs_error"),
                           o.get("tolerance_ratio"), o.get("reason") or ""]
@@ -211,7 +189,7 @@ def layer_rows(a: dict) -> list[dict]:
     first = a.get("first_divergent_layer")
     rows = []
     for row in a.get("layers") or []:
-        cells = {label: _f(row.get(key), 6) for key, label in LAYER_COLUMNS.items()}
+        cells = {label: cell(row.get(key), 6) for key, label in LAYER_COLUMNS.items()}
         if row.get("diverged"):
             cells["diverged"] = "**first divergent**" if row.get("layer") == first else "**yes**"
         rows.append(cells)
@@ -225,12 +203,12 @@ def findings(a: dict) -> list[str]:
         return []
     row = next((r for r in a.get("layers") or [] if r.get("layer") == first), {})
     return [f"first divergent layer: {first} (target/control error ratio at least "
-            f"{_f(row.get('ratio_low'), 3)}, bound {_f(row.get('bound'), 3)}; layers diverged: "
+            f"{cell(row.get('ratio_low'), 3)}, bound {cell(row.get('bound'), 3)}; layers diverged: "
             f"{_diverged(a)})"]
 
 
 def first_divergent_layer_line(a: dict) -> str:
-    return f"- first divergent layer: {_f(a.get('first_divergent_layer'))}"
+    return f"- first divergent layer: {cell(a.get('first_divergent_layer'))}"
 
 
 def evidence(a: dict) -> dict:

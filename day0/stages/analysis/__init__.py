@@ -257,7 +257,7 @@ def summary_text(result: Result) -> str:
 
 REQUIRES: tuple[str, ...] = ()
 AFTER: tuple[str, ...] = ()
-TARGET_KINDS = ("torch",)
+TARGET_KINDS = ("torch", "engine")  # config and headers only: any target
 FACT_KEYS = ("architecture", "model_type", "attention", "moe", "params", "num_layers",
              "hidden_size", "vocab_size", "max_context")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from day0.stages.alignment.text import prefix_token, windows
+from day0.torchkit.evaltext import prefix_token, windows
 from day0.errors import ConfigError
 
 

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from day0.stages.alignment.paired import Blocks, mean_excess, ratios, worst
+from day0.torchkit.paired import Blocks, mean_excess, ratios, worst
 
 
 def _blocks(n: int, windows: int = 2, buckets: int = 4, size: int = 32) -> Blocks:
