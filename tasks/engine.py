@@ -8,7 +8,7 @@ is not an exception of the flow: the stages that needed it end ERROR with its la
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -31,17 +31,14 @@ def engine_session(target: Target, source: str, needed: bool, logger) -> Iterato
     from day0.engines.process import endpoint_for
     from day0.sources import local_checkpoint
 
-    try:
-        model = local_checkpoint(source)
-        context = endpoint_for(target.engine, model, target.dtype, log=logger.info)
-        endpoint = context.__enter__()
-    except Day0Error as exc:
-        logger.error("engine of %s did not come up: %s", target.name, exc)
-        yield EngineSession(error=f"the engine did not come up: {exc}")
-        return
-    logger.info("engine of %s answers at %s as %r (%s)", target.name, endpoint.base_url,
-                endpoint.served_name, endpoint.mode)
-    try:
-        yield EngineSession(endpoint=endpoint)
-    finally:
-        context.__exit__(None, None, None)
+    with ExitStack() as stack:
+        try:
+            endpoint = stack.enter_context(endpoint_for(target.engine, local_checkpoint(source),
+                                                        target.dtype, log=logger.info))
+        except Day0Error as exc:
+            logger.error("engine of %s did not come up: %s", target.name, exc)
+            yield EngineSession(error=f"the engine did not come up: {exc}")
+            return
+        logger.info("engine of %s answers at %s as %r (%s)", target.name, endpoint.base_url,
+                    endpoint.served_name, endpoint.mode)
+        yield EngineSession(endpoint=endpoint)  # the engine stops when the stack closes
