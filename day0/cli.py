@@ -208,7 +208,10 @@ def cmd_gates(args) -> int:
     parsed = load_gates(args.file)
     print(f"{args.file or default_gates_path()}: {len(parsed.gates)} gates OK")
     for g in parsed.gates:
-        print(f"  {g.id:<28} {g.metric} {g.op} {g.threshold:g} [{g.severity}, {g.applies_to}]")
+        rule = (f"paired {g.paired.test}: detects a drop of {g.paired.allowed_drop:g}, alpha "
+                f"{g.paired.alpha:g}, power {g.paired.power:g}") if g.paired \
+            else f"{g.op} {g.threshold:g}"
+        print(f"  {g.id:<28} {g.metric} {rule} [{g.severity}, {g.applies_to}]")
     return 0
 
 

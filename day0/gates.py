@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from day0.errors import ConfigError, Problem, did_you_mean
 from day0.yamlio import problems_from_validation, read_mapping
@@ -22,15 +22,52 @@ from day0.yamlio import problems_from_validation, read_mapping
 OPS = {"<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt, "==": operator.eq}
 
 
+class PairedSpec(BaseModel):
+    """A paired statistical test of reference vs target on the same items (day0.pairedtests)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    test: Literal["mcnemar", "bootstrap"] = Field(description=(
+        "mcnemar: exact one-sided McNemar test on per-item correctness; bootstrap: paired "
+        "bootstrap of the mean per-item difference (continuous metrics)."))
+    allowed_drop: float = Field(gt=0, lt=1e6, description=(
+        "The drop (reference score - target score, in the metric's unit: 0.05 = 5 points of "
+        "accuracy) this gate must detect with probability `power`; it must be at least the "
+        "minimum detectable effect at the items' count, else the gate is a config error."))
+    alpha: float = Field(0.05, gt=0, lt=0.5, description=(
+        "One-sided significance: the gate fails when p < alpha (H1: the target is worse)."))
+    power: float = Field(0.8, ge=0.5, lt=1, description="Probability of detecting allowed_drop.")
+    discordance: float = Field(0.1, gt=0, le=1, description=(
+        "mcnemar: assumed fraction of items on which the two sides disagree, for the "
+        "minimum detectable effect (the observed one is used when larger)."))
+    margin: float = Field(0.0, ge=0, description=(
+        "bootstrap only: a drop up to this is no regression (H0: drop <= margin); a "
+        "continuous score moves a little under any change of arithmetic."))
+
+    @model_validator(mode="after")
+    def _margin(self) -> "PairedSpec":
+        if self.margin and self.test != "bootstrap":
+            raise ValueError("margin is for test: bootstrap")
+        if self.margin >= self.allowed_drop:
+            raise ValueError("margin must be below allowed_drop")
+        return self
+
+
 class Gate(BaseModel):
-    """One release criterion over one metric."""
+    """One release criterion over one metric: a bound (op, threshold) or a paired test."""
 
     model_config = ConfigDict(extra="forbid")
 
     id: str = Field(description="Unique id, shown in reports (lowercase, dashes).")
     metric: str = Field(description="Metric name as produced by a stage, e.g. alignment.logits.kl_mean.")
-    op: Literal["<=", "<", ">=", ">", "=="] = Field(description="observed OP threshold must hold.")
-    threshold: float = Field(description="The bound the observed value is compared with.")
+    op: Literal["<=", "<", ">=", ">", "=="] | None = Field(None, description=(
+        "observed OP threshold must hold (not with `paired`)."))
+    threshold: float | None = Field(None, description=(
+        "The bound the observed value is compared with (not with `paired`)."))
+    paired: PairedSpec | None = Field(None, description=(
+        "Instead of op/threshold: a paired test of the target against the reference on the "
+        "same items; the metric must be one a stage reports per item (`paired:` in its "
+        "metrics file). Passes when p >= alpha."))
     by_claim: dict[Literal["faithful", "int8", "fp8", "int4"], float] = Field(
         default_factory=dict, description=(
             "Thresholds for targets that claim a quantized deployment (target field `claim`), "
@@ -40,6 +77,15 @@ class Gate(BaseModel):
     applies_to: Literal["all", "moe", "dense"] = Field(
         "all", description="Evaluate only for MoE or dense models; otherwise reported as not applicable.")
     description: str = Field("", description="Why this gate exists.")
+
+    @model_validator(mode="after")
+    def _bound_or_test(self) -> "Gate":
+        if self.paired is None and (self.op is None or self.threshold is None):
+            raise ValueError("a gate needs op and threshold, or paired")
+        if self.paired is not None and (self.op is not None or self.threshold is not None
+                                        or self.by_claim):
+            raise ValueError("a paired gate has no op, threshold or by_claim")
+        return self
 
 
 class GatesFile(BaseModel):
@@ -64,6 +110,9 @@ class GateResult(BaseModel):
     not_evaluated: str | None = Field(None, description=(
         "Why the metric is missing, 'stage <name>: <reason>' (its stage failed or did not run); "
         "None when it was observed. Such a gate fails; ERROR or BROKEN still win the verdict."))
+    test: dict | None = Field(None, description=(
+        "Paired gates: the test's statistics (day0.pairedtests.PairedTest: drop and its "
+        "confidence interval, p-value, minimum detectable effect) and the flipped items."))
 
 
 def metric_catalog() -> dict[str, dict]:
@@ -82,6 +131,21 @@ def metric_catalog() -> dict[str, dict]:
         for metric, info in (data.get("metrics") or {}).items():
             catalog[metric] = {**(info or {}), "stage": name}
     return catalog
+
+
+def catalog_entry(metric: str, catalog: dict[str, dict]) -> dict | None:
+    """The catalog's entry for metric: by name, or by a pattern such as
+    ``evaluation.{category}.acc`` (a placeholder stands for one name segment)."""
+    import re
+
+    if metric in catalog:
+        return catalog[metric]
+    for name, info in catalog.items():
+        if "{" in name:
+            pattern = re.sub(r"\\\{[a-z_]+\\\}", "[A-Za-z0-9_-]+", re.escape(name))
+            if re.fullmatch(pattern, metric):
+                return info
+    return None
 
 
 def default_gates_path() -> Path:
@@ -110,12 +174,23 @@ def load_gates(path: str | Path | None = None) -> GatesFile:
             problems.append(Problem(f"duplicate gate id '{gate.id}'", file=str(path),
                                     field=f"gates.{i}.id", fix="give each gate a unique id"))
         seen.add(gate.id)
-        if gate.metric not in catalog:
+        entry = catalog_entry(gate.metric, catalog)
+        if entry is None:
             hint = did_you_mean(gate.metric, catalog)
             problems.append(Problem(f"unknown metric '{gate.metric}': no stage produces it",
                                     file=str(path), field=f"gates.{i}.metric",
                                     fix=hint.strip() or "run `day0 metrics` to list the metrics"))
-        if not all(math.isfinite(t) for t in (gate.threshold, *gate.by_claim.values())):
+        elif gate.paired and not entry.get("paired"):
+            problems.append(Problem(f"metric '{gate.metric}' is not reported per item",
+                                    file=str(path), field=f"gates.{i}.paired",
+                                    fix="give a paired test only to a metric whose catalog entry "
+                                        "says `paired` (`day0 metrics`), or use op/threshold"))
+        elif gate.paired and gate.paired.test == "mcnemar" and entry.get("paired") != "binary":
+            problems.append(Problem(f"McNemar needs per-item correctness; '{gate.metric}' is "
+                                    "continuous", file=str(path), field=f"gates.{i}.paired.test",
+                                    fix="use test: bootstrap"))
+        bounds = [] if gate.paired else [gate.threshold, *gate.by_claim.values()]
+        if not all(math.isfinite(t) for t in bounds):
             problems.append(Problem("threshold must be a finite number", file=str(path),
                                     field=f"gates.{i}.threshold", fix="use a finite bound"))
     if not parsed.gates:
@@ -128,15 +203,19 @@ def load_gates(path: str | Path | None = None) -> GatesFile:
 
 def evaluate(gates: GatesFile, metrics: dict[str, float | None], *, is_moe: bool,
              missing_reasons: dict[str, str] | None = None, claim: str = "faithful",
-             inapplicable: dict[str, str] | None = None) -> list[GateResult]:
+             inapplicable: dict[str, str] | None = None,
+             paired: dict[str, dict] | None = None) -> list[GateResult]:
     """Judge every gate. missing_reasons maps a metric prefix (stage) to why it is absent
     (e.g. "failed: <error>", "not run: analysis failed");
     claim selects by_claim thresholds (the target's claim); inapplicable maps a metric prefix
-    (a stage that does not run on this kind of target) to why its gates do not apply."""
+    (a stage that does not run on this kind of target) to why its gates do not apply;
+    paired maps a metric to its per-item values on both sides (StageResult.paired_items)."""
     results = []
     for gate in gates.gates:
-        threshold = gate.by_claim.get(claim, gate.threshold)
-        base = dict(id=gate.id, metric=gate.metric, op=gate.op, threshold=threshold,
+        # a paired gate's observed value is its p-value, and it passes when p >= alpha
+        threshold, op = ((gate.paired.alpha, ">=") if gate.paired
+                         else (gate.by_claim.get(claim, gate.threshold), gate.op))
+        base = dict(id=gate.id, metric=gate.metric, op=op, threshold=threshold,
                     severity=gate.severity)
         why_not = next((r for prefix, r in (inapplicable or {}).items()
                         if gate.metric.startswith(prefix + ".")), None)
@@ -150,7 +229,8 @@ def evaluate(gates: GatesFile, metrics: dict[str, float | None], *, is_moe: bool
                                       applicable=False,
                                       reason=f"not applicable: {kind} model, gate is for {gate.applies_to}"))
             continue
-        observed = metrics.get(gate.metric)
+        test = _paired_p(gate, (paired or {}).get(gate.metric)) if gate.paired else None
+        observed = (test or {}).get("p_value") if gate.paired else metrics.get(gate.metric)
         if observed is None:
             stage, why = next(((prefix, r) for prefix, r in (missing_reasons or {}).items()
                                if gate.metric.startswith(prefix + ".")),
@@ -164,12 +244,53 @@ def evaluate(gates: GatesFile, metrics: dict[str, float | None], *, is_moe: bool
             results.append(GateResult(**base, observed=observed, passed=False,
                                       reason=f"observed {observed} is not finite"))
             continue
+        if test:
+            results.append(GateResult(**base, observed=observed, passed=test["passed"],
+                                      reason=test["reason"], test=test))
+            continue
         passed = OPS[gate.op](observed, threshold)
         relation = "holds" if passed else "violated"
         results.append(GateResult(**base, observed=observed, passed=passed,
                                   reason=f"{observed:.6g} {gate.op} {threshold:g} {relation}"
                                   + (f" ({claim} claim)" if claim in gate.by_claim else "")))
     return results
+
+
+FLIPS_IN_GATE = 20
+
+
+def _paired_p(gate: Gate, items: dict | None) -> dict | None:
+    """The paired test of a gate on its metric's per-item values: the test's statistics, the
+    items the reference got right and the target wrong, passed and reason; None without data.
+    A gate whose allowed drop is below what the items can detect fails (its n is too small:
+    a pass would prove nothing)."""
+    from day0 import pairedtests
+
+    if not items or not items.get("reference"):
+        return None
+    spec = gate.paired
+    ref, tgt = items["reference"], items["target"]
+    if spec.test == "mcnemar":
+        test = pairedtests.mcnemar(ref, tgt, allowed_drop=spec.allowed_drop, alpha=spec.alpha,
+                                   power=spec.power, discordance=spec.discordance)
+    else:
+        test = pairedtests.paired_bootstrap(ref, tgt, allowed_drop=spec.allowed_drop,
+                                            alpha=spec.alpha, power=spec.power,
+                                            higher_is_better=items.get("higher_is_better", True),
+                                            margin=spec.margin)
+    ids = items.get("ids") or [str(i) for i in range(len(ref))]
+    worse = [i for i, r, t in zip(ids, ref, tgt) if (r > t) == items.get("higher_is_better", True)
+             and r != t]
+    out = test.model_dump(mode="json") | {"flipped_worse": worse[:FLIPS_IN_GATE],
+                                           "flipped_worse_count": len(worse)}
+    if test.mde > spec.allowed_drop:
+        out |= {"passed": False, "reason": (
+            f"{test.n} items cannot detect a drop of {spec.allowed_drop:g} (MDE {test.mde:.3g} at "
+            f"alpha {spec.alpha:g}, power {spec.power:g}): needs {test.items_needed} items; "
+            f"{test.summary()}")}
+    else:
+        out |= {"passed": not test.regressed, "reason": test.summary()}
+    return out
 
 
 def verdict(results: list[GateResult], stage_errors: dict[str, str],

@@ -29,6 +29,21 @@ def check_configs(configs: dict, where: str | None = None) -> None:
                               fix=did_you_mean(name, known).strip() or f"use one of {known}")
 
 
+def check_gates(gate_file: GatesFile, configs: dict, waves: list[list[str]]) -> None:
+    """Before any stage runs: each planned stage's `check_gates` hook judges the gates on its
+    metrics against its config (e.g. a paired gate whose allowed drop the task's items cannot
+    detect). Every problem at once, as a ConfigError (exit 2)."""
+    from day0.errors import ConfigError
+
+    problems = []
+    for name in (n for wave in waves for n in wave):
+        hook = stages.get(name).hook("check_gates")
+        if hook:
+            problems += hook(configs.get(name) or {}, gate_file.gates)
+    if problems:
+        raise ConfigError.from_problems(problems)
+
+
 def blocked(name: str, outcomes: dict[str, StageOutcome], skipped: dict[str, str]) -> str | None:
     """Why stage `name` must not run, or None: a stage it requires or runs after failed, was not
     run, or found the checkpoint broken (comparing broken weights tells nothing)."""
@@ -96,9 +111,12 @@ def conclude(gate_file: GatesFile, target: Target, outcomes: dict[str, StageOutc
     # API smoke tests on a torch target) has no gates here: not applicable, not failed
     inapplicable = {name: f"stage {name} does not run on {target.kind} targets"
                     for name in stages.names() if target.kind not in stages.get(name).target_kinds}
+    # per-item values of both sides (a stage's `paired_items`) for the paired gates
+    paired = {k: v for o in outcomes.values() if o.ok
+              for k, v in ((o.result or {}).get("paired_items") or {}).items()}
     results = gating.evaluate(gate_file, metrics, is_moe=bool(facts.get("moe")),
                               missing_reasons=missing, claim=target.claim,
-                              inapplicable=inapplicable)
+                              inapplicable=inapplicable, paired=paired)
     broken = {name: error for name, error in failed.items() if outcomes[name].failure != "target"}
     checkpoint_problems = list(dict.fromkeys(
         p for o in outcomes.values() if o.ok for p in (o.result or {}).get("checkpoint_problems", [])))
@@ -106,4 +124,4 @@ def conclude(gate_file: GatesFile, target: Target, outcomes: dict[str, StageOutc
                       checkpoint_problems)
 
 
-__all__ = ["check_configs", "blocked", "stage_inputs", "needs_endpoint", "without_engine", "facts_of", "conclude", "Conclusion"]
+__all__ = ["check_configs", "check_gates", "blocked", "stage_inputs", "needs_endpoint", "without_engine", "facts_of", "conclude", "Conclusion"]

@@ -313,6 +313,21 @@ def plots(report: Report, log=None) -> dict[str, bytes]:
     return out
 
 
+def stage_files(outcomes: dict[str, StageOutcome] | None, log=None) -> dict[str, bytes]:
+    """Files of the stages' `files` hooks (e.g. evaluation/<task>.jsonl), from their whole
+    results; a hook that raises is logged and its files left out."""
+    out: dict[str, bytes] = {}
+    for name, outcome in (outcomes or {}).items():
+        if not outcome.ok or not outcome.result:
+            continue
+        try:
+            out.update(_hook(name, "files", outcome.result) or {})
+        except Exception as exc:  # evidence kept aside, never the verdict
+            if log:
+                log.warning("stage %s: files not written: %s: %s", name, type(exc).__name__, exc)
+    return out
+
+
 def _plot_files(plots_: dict[str, bytes] | None) -> dict[str, bytes]:
     return {f"plots/{name}.png": png for name, png in (plots_ or {}).items()}
 
@@ -321,15 +336,14 @@ def _plot_links(plots_: dict[str, bytes] | None) -> dict[str, str]:
     return {name: f"plots/{name}.png" for name in plots_ or {}}
 
 
-def write(report: Report, out: str | Path, plots: dict[str, bytes] | None = None
-          ) -> tuple[Path, Path]:
-    """report.json, report.md and plots/<name>.png under out."""
+def write(report: Report, out: str | Path, plots: dict[str, bytes] | None = None,
+          files: dict[str, bytes] | None = None) -> tuple[Path, Path]:
+    """report.json, report.md, plots/<name>.png and the stages' files under out."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out / "report.json", out / "report.md"
-    for name, png in _plot_files(plots).items():
-        (out / "plots").mkdir(exist_ok=True)
-        write_atomic(out / name, png)
+    for name, data in {**_plot_files(plots), **(files or {})}.items():
+        write_atomic(out / name, data)  # creates the folder
     write_atomic(json_path, report.model_dump_json(indent=2))
     write_atomic(md_path, to_markdown(report, images=_plot_links(plots)))
     return json_path, md_path
@@ -358,6 +372,7 @@ def publish_to_store(report: Report, outcomes: dict[str, StageOutcome] | None = 
                  **_plot_files(plots)}
         for name, outcome in (outcomes or {}).items():
             files[f"stages/{name}.json"] = outcome.model_dump_json(indent=1).encode()
+        files.update(stage_files(outcomes, log))
         where = identity.publish_run(files, source=report.source, target_name=report.target.name,
                                      model=ident.get("model"), revision=ident.get("revision"),
                                      run_id=run_id, weights=ident.get("weights_digest"))

@@ -110,15 +110,18 @@ def build(source: str, *, target: str | None = None, target_file: str | None = N
     if deployment and target_file:
         raise ConfigError("--target-file is read on this machine only", field="--target-file",
                           fix="with --deployment, name a target the worker knows (--target NAME)")
-    load_gates(gates)
-    if stages:
-        from day0 import stages as registry
+    from day0 import pipeline
+    from day0 import stages as registry
 
-        registry.plan(stages, profile.kind)  # unknown, or not for this kind of target: exit 2
+    gate_file = load_gates(gates)
+    # unknown stages, or not for this kind of target; gates the stages' items cannot power
+    waves = registry.plan(stages, profile.kind)
+    configs = stage_configs(config, text)
+    pipeline.check_gates(gate_file, configs, waves)
     return ValidateRequest(
         source=source, target=None if target_file else profile.name, target_file=target_file,
         gates=gates, out=str(Path(out).resolve()) if out else None,
-        stage_configs=stage_configs(config, text) or None, use_cache=use_cache,
+        stage_configs=configs or None, use_cache=use_cache,
         trust_remote_code=trust_remote_code, revision=revision, stages=stages or None)
 
 

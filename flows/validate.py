@@ -74,6 +74,7 @@ def validate(source: str, target: str | None = "cpu-bf16", target_file: str | No
     configs = stage_configs or {}
     pipeline.check_configs(configs)
     waves = registry.plan(stages, target_profile.kind)
+    pipeline.check_gates(gate_file, configs, waves)  # e.g. a paired gate its items cannot power
     weights = identity.weights_key(source)  # once: every stage's cache key shares it
     # an unreadable source is the stages' finding (exit 2 from the first), not a crashed flow
     release = identity.resolve(source, model=model, revision=revision, weights=weights,

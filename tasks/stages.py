@@ -62,6 +62,7 @@ def publish_report_task(report_json: dict, out: str | None,
     report = reporting.Report.model_validate(report_json)
     results_uri = reporting.publish_to_store(report, outcomes, get_run_logger(), plots)
     if out:
-        json_path, md_path = reporting.write(report, out, plots)
+        json_path, md_path = reporting.write(report, out, plots,
+                                             reporting.stage_files(outcomes, get_run_logger()))
         get_run_logger().info("report written to %s and %s", json_path, md_path)
     return results_uri

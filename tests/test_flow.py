@@ -57,7 +57,7 @@ def test_noop_plugin_passes_and_publishes_artifacts(prefect_server, tmp_path, mo
     assert report["verdict"] == "PASS", failing(report)
     keys = {labels.artifact_key(kind, model, "cpu-bf16-test")
             for kind in ("report", "gates", "layers", "plot-alignment-layers",
-                         "plot-alignment-kl-buckets")}
+                         "plot-alignment-kl-buckets", "evaluation", "plot-evaluation-categories")}
     found = artifacts_of(run_id)
     assert keys <= set(found), sorted(found)
     assert all(found[k].flow_run_id == run_id and found[k].task_run_id is None for k in keys)
@@ -67,6 +67,14 @@ def test_noop_plugin_passes_and_publishes_artifacts(prefect_server, tmp_path, mo
     for gate in on_disk["gates"]:
         assert {"id", "metric", "observed", "threshold", "passed", "severity", "reason"} <= set(gate)
     assert "first_divergent_layer" in on_disk["evidence"]["alignment"]
+    # capabilities: every evaluation gate evaluated and passed, per-category scores reported,
+    # both sides' per-item outputs next to report.json
+    evaluation = [g for g in on_disk["gates"] if g["metric"].startswith("evaluation.")]
+    assert len(evaluation) == 8 and all(g["passed"] and g["applicable"] for g in evaluation)
+    categories = {c["category"] for c in on_disk["evidence"]["evaluation"]["categories"]}
+    assert categories == {"knowledge", "code", "math", "long_context", "agent", "all"}
+    rows = (tmp_path / "out" / "evaluation" / "day0_knowledge.jsonl").read_text().splitlines()
+    assert len(rows) == 120 and "target" in json.loads(rows[0])
 
 
 def test_repeat_reuses_every_stage(prefect_server, tmp_path):

@@ -4,7 +4,7 @@ import pytest
 import yaml
 
 from day0.errors import ConfigError
-from day0.gates import evaluate, load_gates, metric_catalog, verdict
+from day0.gates import catalog_entry, evaluate, load_gates, metric_catalog, verdict
 
 
 def write(tmp_path, data, name="gates.yaml"):
@@ -20,7 +20,11 @@ def gate(**kw):
 def test_shipped_gates_load_and_name_known_metrics():
     parsed = load_gates()
     catalog = metric_catalog()
-    assert parsed.gates and all(g.metric in catalog for g in parsed.gates)
+    assert parsed.gates and all(catalog_entry(g.metric, catalog) for g in parsed.gates)
+    # a pattern entry stands for one name segment only
+    assert catalog_entry("evaluation.knowledge.acc", catalog)["paired"] == "binary"
+    assert catalog_entry("evaluation.a.b.acc", catalog) is None
+    assert catalog_entry("evaluation..acc", catalog) is None
 
 
 def test_unknown_metric_is_config_error_with_did_you_mean(tmp_path):

@@ -93,7 +93,8 @@ def test_missing_metrics_are_one_not_evaluated_row_and_error_still_wins():
     gates = load_gates()
     results = evaluate(gates, {"scan.coverage": 1.0, "scan.complete": 1.0,
                                "analysis.plan_fits": 1.0}, is_moe=False,
-                       missing_reasons={"alignment": "failed: killed by SIGKILL"},
+                       missing_reasons={"alignment": "failed: killed by SIGKILL",
+                                        "evaluation": "not run: not selected"},
                        inapplicable={name: "engine stage" for name in ENGINE_STAGES})
     missing = [r for r in results if r.metric.startswith("alignment.") and r.applicable]
     assert missing and all(not r.passed for r in missing)
@@ -106,10 +107,11 @@ def test_missing_metrics_are_one_not_evaluated_row_and_error_still_wins():
     report = _report("ERROR", results, outcomes)
     rows = gate_rows(report)
     not_evaluated = [r for r in rows if r["result"] == "not evaluated"]
-    assert len(not_evaluated) == 1
-    assert not_evaluated[0]["reason"] == "not evaluated (stage alignment: failed: killed by SIGKILL)"
+    assert [r["reason"] for r in not_evaluated] == [  # one row per stage
+        "not evaluated (stage alignment: failed: killed by SIGKILL)",
+        "not evaluated (stage evaluation: not run: not selected)"]
     assert headline(report).startswith("ERROR: stage alignment could not finish: killed by SIGKILL")
-    assert sum("not evaluated" in line for line in verdict_table(report).splitlines()) == 1
+    assert sum("not evaluated" in line for line in verdict_table(report).splitlines()) == 2
 
 
 def test_gate_rows_failing_first_with_severity_and_symbols():

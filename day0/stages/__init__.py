@@ -30,6 +30,12 @@ A stage is a module (usually a package ``day0/stages/<name>/``) exposing:
                     published run) and shown inline in the Prefect UI; draw with
                     :mod:`day0.plots` (matplotlib, Agg, imported only when drawing); a plot
                     that raises is logged and left out
+``files``           optional ``files(result: dict) -> dict[path, bytes]``: files kept next to
+                    report.json (``--out`` and the published run), e.g. per-item outputs
+                    as JSONL; given the whole result (not the evidence)
+``check_gates``     optional ``check_gates(config: dict, gates: list[Gate]) -> list[Problem]``:
+                    before any stage runs, what is wrong with the gates on its metrics given
+                    its config (a paired gate its items cannot power): exit 2
 ``findings``        optional ``findings(result: dict) -> list[str]``: one-line findings (e.g.
                     the first divergent layer) for the report's headline and the CLI
 ==================  ==========================================================================
@@ -58,7 +64,8 @@ from day0.errors import ConfigError, InputError, did_you_mean
 ENTRY_POINT_GROUP = "day0.stages"
 BUILTIN = {"analysis": "day0.stages.analysis", "scan": "day0.stages.scan",
            "alignment": "day0.stages.alignment", "smoke": "day0.stages.smoke",
-           "api_alignment": "day0.stages.api_alignment", "serving": "day0.stages.serving"}
+           "api_alignment": "day0.stages.api_alignment", "serving": "day0.stages.serving",
+           "evaluation": "day0.stages.evaluation"}
 _registered: dict[str, str] = {}
 
 

@@ -70,7 +70,8 @@ def test_the_builtin_vllm_target_passes_with_every_engine_gate(launched_report):
     assert "verdict: PASS" in proc.stdout
     assert not left, f"engine processes left behind: {left}"
     applicable = {g["metric"].split(".")[0] for g in report["gates"] if g["applicable"]}
-    assert {"smoke", "api_alignment", "serving"} <= applicable
+    assert {"smoke", "api_alignment", "serving", "evaluation"} <= applicable
+    assert report["evidence"]["evaluation"]["target_model"] == "local-completions"
     not_here = [g for g in report["gates"] if g["metric"].startswith(("alignment.", "scan."))]
     assert not_here and all(not g["applicable"] for g in not_here)
     assert all(g["passed"] for g in report["gates"]), failing(report)
@@ -124,7 +125,9 @@ def test_negative_controls_fail_on_the_right_evidence(prefect_server, tmp_path, 
         failed = [g for g in report["gates"] if not g["passed"] and g["severity"] == "error"]
         assert expected <= {g["id"] for g in failed}, (fault, failed)
         if fault != "tokenizer":  # the engine's EOS id moved too: its generation may part
-            assert all(g["metric"].startswith(stage) for g in failed), (fault, failed)
+            # a wrong RoPE base or weight also costs capabilities: evaluation may fail too
+            assert all(g["metric"].startswith((stage, "evaluation.")) for g in failed), \
+                (fault, failed)
         if fault == "tokenizer":  # the evidence names the text and the ids
             mismatches = report["evidence"]["smoke"]["tokenizer"]["mismatches"]
             bos = next(m for m in mismatches if m["case"] == "special:<|bos|>")

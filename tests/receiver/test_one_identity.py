@@ -202,7 +202,12 @@ def test_four_entry_paths_one_folder_four_runs(stack):
     fourth = json.loads(cli.stdout)
 
     folder = f"day0-results/{MODEL}/{revision}/cpu-bf16/"
-    keys = keys_under(client, "models", "day0-results/")
+    # the evaluation stage's stored reference results: next to the targets, one per revision
+    reference = f"day0-results/{MODEL}/{revision}/reference-cpu-float32/evaluation/"
+    keys = every_key = keys_under(client, "models", "day0-results/")
+    # one per weights key: an s3:// source's (object ETags) and a local copy's (bytes) differ
+    assert [k for k in keys if k.startswith(reference) and k.endswith(".json")], keys
+    keys = [k for k in keys if not k.startswith(reference)]
     assert {k for k in keys if not k.startswith(folder)} == set(), keys  # one folder for all
     run_ids = sorted({k[len(folder + "runs/"):].split("/")[0] for k in keys
                       if k.startswith(folder + "runs/")})
@@ -231,4 +236,4 @@ def test_four_entry_paths_one_folder_four_runs(stack):
                      if k.endswith("/report.json")]
     assert report_key.startswith(f"day0-results/{MODEL}/{sha}/cpu-bf16/runs/")
     assert report_key.count(sha) == 1
-    assert len(keys_under(client, "models", "day0-results/")) == len(keys)  # nothing else ran
+    assert len(keys_under(client, "models", "day0-results/")) == len(every_key)  # nothing else ran

@@ -1,0 +1,123 @@
+"""Calibrate the evaluation gates: correct stacks must PASS, capability-changing faults FAIL.
+
+Each case runs the evaluation stage (day0.stages.evaluation.run: lm-eval, the bundled tasks,
+the bundled business example) at default settings on a model and judges the shipped
+evaluation gates (gates.yaml, `evaluation.*`). The float32 reference is computed once per model
+and read back from the reference store by every other case (the stage's own reuse).
+
+Prints per case: verdict of the evaluation gates, the failing gates with their p-values, the
+smallest p over all paired gates (its margin: p / alpha, above 1 passes), per-category b/c and
+the time. Nothing is asserted: figures only.
+
+    python bench/calibrate_evaluation.py                 # SmolLM2-135M-Instruct (fetched, cached)
+    python bench/calibrate_evaluation.py --fixtures      # the three bundled fixtures
+    python bench/calibrate_evaluation.py --json out.json
+    python bench/calibrate_evaluation.py --limit 60 --long-context-items 24 --long-context-tokens 1024
+                                  # a CPU-sized run on SmolLM2 (full size: ~15 min per side here)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+PLUGINS = ROOT / "tests" / "plugins"
+EXAMPLE = ROOT / "day0" / "data" / "evaluation" / "business_example.jsonl"
+
+CASES = [  # name, dtype, plugins, must pass
+    ("bf16", "bfloat16", [], True),
+    ("fp16", "float16", [], True),
+    ("bf16 1 thread", "bfloat16", ["stack_threads1"], True),
+    ("noise on one layer (perturb_layer)", "bfloat16", ["perturb_layer"], False),
+    ("int4 weights", "bfloat16", ["int4_weights"], False),
+    ("RoPE base -10 %", "bfloat16", ["rope_base_low"], False),
+    ("middle layer output x1.05", "bfloat16", ["scale_layer"], False),
+]
+
+
+def smollm2() -> str:
+    env = {k: v for k, v in os.environ.items() if k != "DAY0_CACHE_DIR"}
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "fetch_real_models.py")],
+                          capture_output=True, text=True, timeout=1200, env=env, check=True)
+    return done.stdout.strip().splitlines()[-1]
+
+
+def case(source: str, name: str, dtype: str, plugins: list[str], store: str,
+         settings: dict) -> dict:
+    from day0.contract import StageInputs
+    from day0.gates import evaluate, load_gates
+    from day0.stages.evaluation import Config, run
+    from day0.targets import Target
+
+    target = Target(name=f"cpu-{dtype}", device="cpu", dtype=dtype,
+                    plugins=[str(PLUGINS / f"{p}.py") for p in plugins])
+    start = time.monotonic()
+    result = run(Config(business_file=str(EXAMPLE), reference_store=store, **settings),
+                 StageInputs(source=source, target=target))
+    seconds = time.monotonic() - start
+    gates = [g for g in evaluate(load_gates(ROOT / "gates.yaml"), result.metrics(),
+                                 is_moe=False, paired=result.paired_items)
+             if g.metric.startswith("evaluation.")]
+    paired = [g for g in gates if g.test]
+    return {"case": name, "passed": all(g.passed for g in gates),
+            "failed": {g.id: g.observed for g in gates if not g.passed},
+            "min_p": min((g.observed, g.id) for g in paired),
+            "categories": {c.category: [round(c.reference_acc, 3), round(c.target_acc, 3),
+                                        c.b, c.c] for c in result.categories},
+            "reference": result.reference_source, "seconds": round(seconds, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fixtures", action="store_true", help="the three bundled fixtures")
+    ap.add_argument("--source", help="a checkpoint folder instead")
+    ap.add_argument("--cases", help="comma-separated case names (default: all)")
+    ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--limit", type=int, help="items per task (lm-eval limit)")
+    ap.add_argument("--long-context-items", type=int)
+    ap.add_argument("--long-context-tokens", type=int)
+    args = ap.parse_args(argv)
+    settings = {k: v for k, v in (("limit", args.limit),
+                                  ("long_context_items", args.long_context_items),
+                                  ("long_context_max_tokens", args.long_context_tokens)) if v}
+    os.environ.setdefault("DAY0_CACHE_DIR", tempfile.mkdtemp(prefix="day0-cal-eval-"))
+    sources = ([str(ROOT / "tests/fixtures/models" / m) for m in
+                ("tiny-llama", "tiny-qwen3moe", "tiny-deepseekv3")] if args.fixtures
+               else [args.source or smollm2()])
+    wanted = set(args.cases.split(",")) if args.cases else None
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="day0-refs-") as store:
+        for source in sources:
+            print(f"== {Path(source).name}")
+            print(f"{'case':<36}{'must':<6}{'verdict':<9}{'min p (gate)':<32}{'s':>7}  failed")
+            for name, dtype, plugins, must_pass in CASES:
+                if wanted and name not in wanted:
+                    continue
+                row = case(source, name, dtype, plugins, store, settings) | {
+                    "model": Path(source).name, "must_pass": must_pass}
+                rows.append(row)
+                p, gate = row["min_p"]
+                print(f"{name:<36}{'PASS' if must_pass else 'FAIL':<6}"
+                      f"{'PASS' if row['passed'] else 'FAIL':<9}{f'{p:.3g} ({gate})':<32}"
+                      f"{row['seconds']:>7}  {row['failed'] or ''}", flush=True)
+            print("   categories (ref acc, target acc, b, c) of the last case:",
+                  rows[-1]["categories"])
+    clean = [r for r in rows if r["must_pass"]]
+    faults = [r for r in rows if not r["must_pass"]]
+    print(f"false alarms: {sum(not r['passed'] for r in clean)}/{len(clean)}; faults caught: "
+          f"{sum(not r['passed'] for r in faults)}/{len(faults)}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""Settings of the evaluation stage (stage_configs.evaluation)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+BUNDLED = ("day0_knowledge", "day0_code", "day0_math", "day0_long_context", "day0_agent")
+
+
+class Config(BaseModel):
+    """Which lm-eval tasks run on both sides, and how."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tasks: list[str] = Field(list(BUNDLED), description=(
+        "lm-eval task names: day0's bundled ones (day0_knowledge, day0_code, day0_math, "
+        "day0_long_context, day0_agent; YAML + JSONL in day0/data/evaluation/tasks), tasks "
+        "found in include_path, or any task of lm-eval's own registry (arc_easy, hellaswag, "
+        "gsm8k, mmlu, ...) whose dataset is in the local datasets cache (README, "
+        "'Evaluation offline')."))
+    business_file: str | None = Field(None, description=(
+        "A JSONL regression set of your own (one object per line: prompt, answer, match: "
+        "exact|contains|regex|choice, choices for match: choice, optional id): turned into "
+        "lm-eval tasks at run time and gated as category 'business'."))
+    include_path: str | None = Field(None, description=(
+        "A folder of your own lm-eval task YAMLs (lm-eval's --include_path)."))
+    limit: int | None = Field(None, ge=1, description=(
+        "At most this many items per task (the first ones; lm-eval's limit). Default: all."))
+    num_fewshot: int | None = Field(None, ge=0, description=(
+        "Few-shot examples per item; default: each task's own setting (0 for the bundled)."))
+    batch_size: int | None = Field(None, ge=1, le=512, description=(
+        "Requests per forward (in process). Default: batch_tokens divided by the longest "
+        "prompt this run can have (the long-context length, at least 256), between 1 and 64."))
+    batch_tokens: int = Field(16384, ge=256, description=(
+        "Padded tokens per forward that the default batch size aims at (memory: a batch's "
+        "attention and logits grow with it)."))
+    seed: int = Field(1234, description=(
+        "lm-eval's random, numpy, torch and few-shot seeds (the same on both sides)."))
+    long_context_items: int = Field(60, ge=4, le=2000, description=(
+        "Items of the long-context retrieval task, built for this model's context."))
+    long_context_max_tokens: int = Field(2048, ge=64, description=(
+        "Upper bound of the retrieval prompts' length; the model's trained context "
+        "(max_position_embeddings, and the engine's max_model_len) lowers it. Prompts span "
+        "about 25 % to 95 % of it. 2048 keeps a CPU reference in minutes (SmolLM2-135M at "
+        "4096 tokens: over a minute per batch of 8); raise it to the model's context where "
+        "the reference side is fast."))
+    max_gen_toks: int = Field(32, ge=1, le=4096, description=(
+        "Generated tokens per item of a generative task (business rows with match other "
+        "than choice)."))
+    reference: Literal["auto", "run", "stored"] = Field("auto", description=(
+        "auto: read the reference's stored per-item results for these weights, tasks and "
+        "settings when present, else compute and store them; run: always compute (and "
+        "store); stored: only read (an error when none are stored)."))
+    reference_store: str | None = Field(None, description=(
+        "Folder or s3:// prefix of stored reference results. Default: the run's results "
+        "location (<results>/<model>/<revision>/reference-<device>-<dtype>/evaluation/) when "
+        "one is set (DAY0_RESULTS_URI, or an s3:// checkpoint), else day0's cache dir."))
+    concurrency: int = Field(4, ge=1, le=64, description=(
+        "Engine targets: concurrent requests of lm-eval's local-completions client."))
+    flipped_listed: int = Field(20, ge=0, le=1000, description=(
+        "Items that flipped (right on one side, wrong on the other) listed per task in the "
+        "report; all of them are in the per-item JSONL."))

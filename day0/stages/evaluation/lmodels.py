@@ -1,0 +1,64 @@
+"""The models lm-eval talks to, through lm-eval's own registry.
+
+* ``day0`` (registered here): the checkpoint loaded the way a torch target loads it (day0's
+  loader, the target's device, dtype and plugins applied), handed to lm-eval's HFLM as an
+  already-built model: lm-eval's own request batching, tokenization and scoring, no copy.
+* engine targets: lm-eval's ``local-completions`` against the engine's /v1/completions, token
+  ids sent as the prompt (tokenized_requests), the checkpoint's tokenizer counting them.
+"""
+
+from __future__ import annotations
+
+import os
+
+from lm_eval.api.registry import get_model, register_model
+from lm_eval.models.huggingface import HFLM
+
+from day0.engines.settings import Endpoint
+from day0.modeling import load_pretrained
+from day0.plugins import apply_plugins
+from day0.targets import Target
+from day0.torchkit.evaltext import load_tokenizer
+
+
+@register_model("day0")
+class Day0LM(HFLM):
+    """lm-eval's HF model over a checkpoint loaded like a day0 torch target.
+
+    model_args: pretrained (checkpoint folder), device, dtype, plugins ('|'-separated plug-in
+    specs, applied in order), trust_remote_code, batch_size, max_length."""
+
+    def __init__(self, pretrained: str, device: str = "cpu", dtype: str = "float32",
+                 plugins: str = "", trust_remote_code: bool = False, batch_size: int = 8,
+                 max_length: int | None = None, **kwargs) -> None:
+        model = load_pretrained(pretrained, device=device, dtype=dtype,
+                                trust_remote_code=trust_remote_code)
+        specs = [p for p in str(plugins).split("|") if p]
+        if specs:
+            apply_plugins(model, specs)
+        super().__init__(pretrained=model, tokenizer=load_tokenizer(pretrained, trust_remote_code),
+                         batch_size=int(batch_size), device=device, max_length=max_length,
+                         trust_remote_code=trust_remote_code, **kwargs)
+
+
+def torch_side(source: str, side: Target, *, batch_size: int, max_length: int,
+               trust_remote_code: bool):
+    """The lm-eval model of a torch side (reference or target), from lm-eval's registry."""
+    return get_model("day0").create_from_arg_obj({
+        "pretrained": source, "device": side.device, "dtype": side.dtype,
+        "plugins": "|".join(side.plugins), "trust_remote_code": trust_remote_code,
+        "batch_size": batch_size, "max_length": max_length})
+
+
+def engine_side(source: str, endpoint: Endpoint, target: Target, *, max_length: int,
+                concurrency: int, max_gen_toks: int):
+    """lm-eval's local-completions client on the engine's OpenAI-compatible completions."""
+    key = os.environ.get(endpoint.api_key_env or "", "") if endpoint.api_key_env else ""
+    timeout = int(target.engine.request_timeout_s) if target.engine else 120
+    return get_model("local-completions").create_from_arg_obj({
+        "base_url": endpoint.base_url.rstrip("/") + "/v1/completions",
+        "model": endpoint.served_name, "tokenizer": str(source),
+        "tokenizer_backend": "huggingface", "tokenized_requests": True,
+        "max_length": max_length, "num_concurrent": concurrency, "max_retries": 2,
+        "timeout": timeout, "max_gen_toks": max_gen_toks,
+        **({"auth_token": key} if key else {})})

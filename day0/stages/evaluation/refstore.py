@@ -1,0 +1,65 @@
+"""Stored reference results: the reference side's per-item lm-eval outputs, kept so that a
+re-validation (another target, the same target later) does not recompute them.
+
+Keyed by everything that decides them: the weights digest, each task's digest, lm-eval's
+version, the reference's device and dtype, n-shot, limit, seed, the long-context size. Stored
+under the results location when one is set (<results>/<model>/<revision>/reference-<device>-
+<dtype>/evaluation/<key>.json, object store or folder), else under day0's cache dir; a
+configured reference_store wins."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from day0 import identity, storage
+from day0.atomic import write_atomic
+from day0.stages.evaluation.config import Config
+from day0.targets import Target
+
+FORMAT = 1
+
+
+def key(*, weights: str, tasks: list, reference: Target, config: Config, lm_eval_version: str,
+        long_context_tokens: int) -> str:
+    parts = {"format": FORMAT, "weights": weights, "lm_eval": lm_eval_version,
+             "tasks": [(t.name, t.digest) for t in tasks],
+             "reference": [reference.device, reference.dtype, list(reference.plugins)],
+             "num_fewshot": config.num_fewshot, "limit": config.limit, "seed": config.seed,
+             "long_context": [config.long_context_items, long_context_tokens],
+             "max_gen_toks": config.max_gen_toks, "batch_size": config.batch_size}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def location(config: Config, source: str, revision: str | None, reference: Target,
+             weights: str) -> str:
+    """Folder (ends in '/') or s3:// prefix where this checkpoint's reference results live."""
+    if config.reference_store:
+        return config.reference_store.rstrip("/") + "/"
+    side = f"reference-{reference.device}-{reference.dtype}"
+    folder = identity.results_location(None, source, side, revision, weights=weights)
+    if folder is not None:
+        return folder + "evaluation/"
+    return str(identity.cache_dir() / "evaluation-reference") + "/"
+
+
+def load(where: str, name: str) -> dict | None:
+    """The stored results, or None when there are none (or they are unreadable: recomputed)."""
+    uri = where + f"{name}.json"
+    try:
+        raw = storage.read_object(uri) if storage.is_s3(where) else Path(uri).read_bytes()
+        data = json.loads(raw)
+    except (OSError, ValueError, storage.NoSuchObject):
+        return None
+    return data if isinstance(data, dict) and data.get("format") == FORMAT else None
+
+
+def save(where: str, name: str, data: dict) -> str:
+    uri = where + f"{name}.json"
+    raw = json.dumps({"format": FORMAT, **data}).encode()
+    if storage.is_s3(where):
+        storage.put_object(uri, raw)
+    else:
+        write_atomic(uri, raw)
+    return uri

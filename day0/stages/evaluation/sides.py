@@ -1,0 +1,77 @@
+"""One side's lm-eval run and its per-item records (what both sides are paired on)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+
+from day0.stages.evaluation.config import Config
+
+
+def evaluate(lm, task_names: list[str], manager, config: Config) -> dict:
+    """lm-eval's simple_evaluate with per-item samples, the same seeds on every side."""
+    from lm_eval import simple_evaluate
+
+    return simple_evaluate(
+        model=lm, tasks=task_names, task_manager=manager, num_fewshot=config.num_fewshot,
+        limit=config.limit, log_samples=True, bootstrap_iters=0, cache_requests=False,
+        random_seed=config.seed, numpy_random_seed=config.seed, torch_random_seed=config.seed,
+        fewshot_random_seed=config.seed, verbosity="WARNING")
+
+
+def _logsumexp(values: list[float]) -> float:
+    top = max(values)
+    if not math.isfinite(top):
+        return top
+    return top + math.log(sum(math.exp(v - top) for v in values))
+
+
+def item(sample: dict, output_type: str) -> dict:
+    """What is kept of one lm-eval sample: ids, correctness, the gold choice's log-probability
+    among the choices (multiple choice), the prediction."""
+    metric = "acc" if "acc" in sample else next(
+        (m for m in sample.get("metrics", []) if m in sample), None)
+    record = {"doc_id": int(sample["doc_id"]), "doc_hash": sample.get("doc_hash"),
+              "metric": metric, "correct": float(sample[metric]) if metric else None,
+              "target": str(sample.get("target"))}
+    args = sample.get("arguments") or []
+    record["prompt"] = str(args[0][0])[-200:] if args and isinstance(args[0], (list, tuple)) \
+        else ""
+    resps = sample.get("filtered_resps") or []
+    if output_type == "multiple_choice":
+        lls = [float(r[0]) for r in resps]
+        record["choice_logprobs"] = lls
+        record["nonfinite"] = sum(not math.isfinite(v) for v in lls)
+        gold = sample.get("target")
+        gold = int(gold) if isinstance(gold, int) or str(gold).isdigit() else None
+        finite = record["nonfinite"] == 0 and lls
+        record["prediction"] = max(range(len(lls)), key=lls.__getitem__) if finite else None
+        record["gold_logprob"] = (lls[gold] - _logsumexp(lls)) if finite and gold is not None \
+            and gold < len(lls) else None
+    else:
+        text = resps[0] if resps else ""
+        record["prediction"] = text if isinstance(text, str) else json.dumps(text)
+        record["nonfinite"] = 0
+        record["gold_logprob"] = None
+    return record
+
+
+def side_records(results: dict) -> dict:
+    """Per task: its items (in doc order) and lm-eval's provenance (version, n-shot, config
+    hash); JSON-ready, as the reference store keeps it."""
+    out: dict[str, dict] = {}
+    configs = results.get("configs", {})
+    for task, samples in (results.get("samples") or {}).items():
+        cfg = configs.get(task, {})
+        output_type = cfg.get("output_type", "")
+        items = sorted((item(s, output_type) for s in samples), key=lambda r: r["doc_id"])
+        out[task] = {
+            "items": items, "output_type": output_type,
+            "version": (results.get("versions") or {}).get(task),
+            "n_shot": (results.get("n-shot") or {}).get(task),
+            "config_hash": hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str)
+                                          .encode()).hexdigest()[:16],
+            "data_hash": hashlib.sha256("".join(str(r["doc_hash"]) for r in items)
+                                        .encode()).hexdigest()[:16]}
+    return out

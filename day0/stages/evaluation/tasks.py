@@ -1,0 +1,128 @@
+"""Which lm-eval tasks run and where their files are: day0's bundled tasks (YAML + JSONL in
+day0/data/evaluation/tasks; the long-context one built for the model's context), a business
+set, a user's include_path, lm-eval's own registry. Everything is written into one run folder
+that lm-eval's TaskManager reads (include_path), with absolute data paths."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from day0 import DATA_DIR
+from day0.errors import ConfigError
+from day0.stages.evaluation import business
+from day0.stages.evaluation.config import BUNDLED, Config
+
+TASKS_DIR = DATA_DIR / "evaluation" / "tasks"
+LONG_CONTEXT = "day0_long_context"
+
+
+@dataclass(frozen=True)
+class Task:
+    """A task of this run: its lm-eval name, the category it is gated under, and the digest of
+    what defines it (YAML and data; lm-eval registry tasks: name and lm-eval version)."""
+
+    name: str
+    category: str
+    origin: str  # bundled | business | include_path | lm-eval
+    digest: str
+    items: int | None  # known before the run (None: lm-eval registry tasks)
+
+
+def category_of(name: str) -> str:
+    return name.removeprefix("day0_")
+
+
+def _digest(*parts: bytes) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(hashlib.sha256(part).digest())
+    return h.hexdigest()[:16]
+
+
+def _lines(path: Path) -> int:
+    with open(path, "rb") as handle:
+        return sum(1 for line in handle if line.strip())
+
+
+def planned(config: Config) -> dict[str, int | None]:
+    """Items per category known before the run (for the gates' power check), without a
+    tokenizer or lm-eval: None where only the run knows (lm-eval registry tasks)."""
+    sizes: dict[str, int | None] = {}
+
+    def add(category: str, n: int | None) -> None:
+        if config.limit and n is not None:
+            n = min(n, config.limit)
+        before = sizes.get(category, 0)
+        sizes[category] = None if n is None or before is None else before + n
+
+    for name in config.tasks:
+        if name == LONG_CONTEXT:
+            add(category_of(name), config.long_context_items)
+        elif name in BUNDLED:
+            add(category_of(name), _lines(TASKS_DIR / f"{name}.jsonl"))
+        else:
+            add(category_of(name), None)
+    if config.business_file:
+        for kind in ("choice", "generate"):  # both tasks of the set are one category
+            n = sum(1 for d in business.read_rows(config.business_file)
+                    if (d["match"] == "choice") == (kind == "choice"))
+            if n:
+                add("business", n)
+    known = list(sizes.values())
+    sizes["all"] = None if None in known else sum(known)
+    return sizes
+
+
+def prepare(config: Config, folder: Path, *, tokenizer, long_context_tokens: int,
+            lm_eval_version: str) -> list[Task]:
+    """Write this run's task files into folder; the tasks in config order."""
+    from day0.stages.evaluation.long_context import build_items
+
+    tasks: list[Task] = []
+    for name in config.tasks:
+        if name in BUNDLED:
+            spec = yaml.safe_load((TASKS_DIR / f"{name}.yaml").read_text())
+            data = folder / f"{name}.jsonl"
+            if name == LONG_CONTEXT:
+                rows = build_items(tokenizer, long_context_tokens, config.long_context_items,
+                                   seed=config.seed)
+                data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+            else:
+                data.write_bytes((TASKS_DIR / f"{name}.jsonl").read_bytes())
+            spec["dataset_kwargs"] = {"data_files": {"test": str(data)}}
+            text = yaml.safe_dump(spec, sort_keys=False)
+            (folder / f"{name}.yaml").write_text(text)
+            tasks.append(Task(name, category_of(name), "bundled",
+                              _digest(text.replace(str(folder), "").encode(), data.read_bytes()),
+                              _lines(data)))
+        elif config.include_path and _declared_in(name, Path(config.include_path)):
+            files = sorted(Path(config.include_path).rglob("*"))
+            tasks.append(Task(name, name, "include_path", _digest(
+                *(f.read_bytes() for f in files if f.is_file())), None))
+        else:
+            tasks.append(Task(name, name, "lm-eval", _digest(name.encode(),
+                                                             lm_eval_version.encode()), None))
+    if config.business_file:
+        raw = Path(config.business_file).expanduser().read_bytes()
+        for name, n in business.write_tasks(config.business_file, folder,
+                                             config.max_gen_toks).items():
+            tasks.append(Task(name, "business", "business", _digest(raw, name.encode()), n))
+    return tasks
+
+
+def _declared_in(name: str, folder: Path) -> bool:
+    if not folder.is_dir():
+        raise ConfigError("include_path is not a folder", file=str(folder),
+                          field="include_path", fix="give a folder of lm-eval task YAMLs")
+    for path in folder.rglob("*.yaml"):
+        try:
+            if f"task: {name}" in path.read_text(errors="replace"):
+                return True
+        except OSError:
+            continue
+    return False
