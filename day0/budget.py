@@ -152,6 +152,19 @@ def _positive(value) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
+def duration_of(stage_config: dict | None) -> float:
+    """Seconds a stage is configured to run for (the soak's `duration`), else 0."""
+    value = (stage_config or {}).get("duration")
+    if value is None:
+        return 0.0
+    from day0.durations import seconds
+
+    try:
+        return max(0.0, seconds(value))
+    except ValueError:
+        return 0.0  # the stage's own Config reports it
+
+
 def params_of(facts: dict) -> int | None:
     """params.total from the model facts earlier stages found (StageSpec.facts), if any."""
     total = (facts.get("params") or {}).get("total")
@@ -192,8 +205,10 @@ def derive(stage: str, target: Target, params: int | None, *, reference: Target 
     if timeout_s:
         timeout, timeout_basis = float(timeout_s), timeout_from
     else:
-        timeout = round(f.fixed_s + f.seconds_per_billion_params * (params or 0) / 1e9, 1)
-        timeout_basis = size
+        run_for = duration_of(stage_config)
+        timeout = round(f.fixed_s + f.seconds_per_billion_params * (params or 0) / 1e9
+                        + run_for, 1)
+        timeout_basis = size + (f" plus its configured duration ({run_for:g} s)" if run_for else "")
     return StageBudget(memory_gib=memory, timeout_s=timeout,
                        memory_explicit=bool(memory_limit_gib), timeout_explicit=bool(timeout_s),
                        params=params, memory_basis=memory_basis, timeout_basis=timeout_basis)

@@ -63,6 +63,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--revision", default=None, help=(
         "the release's revision: names the results path and keys the reference perplexity "
         "stored for later runs of this model and revision"))
+    p.add_argument("--promote-baseline", action="store_true", help=(
+        "store this run's performance figures as the baseline of this model, revision and "
+        "target (later runs are gated against it)"))
+    p.add_argument("--duration", default=None, metavar="DURATION", help=(
+        "how long the soak stage keeps the engine under load, e.g. 10h, 30m, 1h30m, 90s "
+        "(default 2m; engine targets)"))
     p.add_argument("--json", action="store_true", help="print report.json instead of the table")
     p.add_argument("--trust-remote-code", action="store_true", help="allow the model's own code (auto_map)")
     p.add_argument("--deployment", default=None, metavar="NAME",
@@ -75,6 +81,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default=None, help="default target parameter of the deployment")
     p.add_argument("--limit", type=int, default=None, help="most flow runs at once")
 
+    p = sub.add_parser("baseline", help="performance baselines",
+                       description="Promote a finished run's performance figures to baseline.")
+    base = p.add_subparsers(dest="action", required=True)
+    s = base.add_parser("promote", help="make a run (its --out folder or published run folder) "
+                                        "the baseline of its model, revision and target")
+    s.add_argument("run", metavar="RUN_FOLDER", help="folder (or s3:// prefix) with report.json")
+    s.add_argument("--store", default=None, help="baseline folder or s3:// prefix (default: "
+                                                 "the results location, else day0's cache)")
     sub.add_parser("targets", help="list the available target profiles")
     sub.add_parser("metrics", help="list every metric a gate may name")
     p = sub.add_parser("gates", help="check a gates file", description="Validate a gates file and list its gates.")
@@ -159,7 +173,8 @@ def cmd_validate(args) -> int:
                         gates=args.gates, out=args.out, config=args.config, text=args.text,
                         use_cache=not args.no_cache, trust_remote_code=args.trust_remote_code,
                         revision=args.revision, deployment=args.deployment,
-                        stages=args.stages)
+                        stages=args.stages, promote_baseline=args.promote_baseline,
+                        duration=args.duration)
     report_json = local.validate_on(args.deployment, req) if args.deployment else local.validate(req)
     report = reporting.Report.model_validate(report_json)
     code, error = request.exit_status(report)
@@ -171,6 +186,14 @@ def cmd_validate(args) -> int:
     for line in reporting.closing_lines(report, req.out):
         print(line, file=sys.stderr if args.json else sys.stdout)
     return code
+
+
+def cmd_baseline(args) -> int:
+    from day0.stages.performance.promote import promote_run
+
+    uri, runs = promote_run(args.run, store=args.store)
+    print(f"baseline: {uri} ({len(runs)} runs: {', '.join(runs)})")
+    return 0
 
 
 def cmd_serve(args) -> int:
@@ -244,7 +267,7 @@ def cmd_stack(args) -> int:
 
 COMMANDS = {"analyze": cmd_analyze, "scan": cmd_scan, "validate": cmd_validate, "serve": cmd_serve,
             "targets": cmd_targets, "metrics": cmd_metrics, "gates": cmd_gates,
-            "hooks": cmd_hooks, "stack": cmd_stack}
+            "hooks": cmd_hooks, "stack": cmd_stack, "baseline": cmd_baseline}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,6 +13,10 @@ The runner (day0.stage) executes a stage in a subprocess: spec JSON in, result J
 
 from __future__ import annotations
 
+import importlib
+import time
+from typing import Callable
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from day0.engines.settings import Endpoint
@@ -57,3 +61,29 @@ class StageResult(BaseModel):
     def metrics(self) -> dict[str, float | None]:
         """Flat metric name -> value; None when the stage could not compute it."""
         raise NotImplementedError
+
+
+class Laps:
+    """A stage's phase timings for its Result: ``lap(name)`` records the seconds since the
+    previous lap (or since construction)."""
+
+    def __init__(self) -> None:
+        self.timings: dict[str, float] = {}
+        self._clock = time.monotonic()
+
+    def lap(self, name: str) -> None:
+        now = time.monotonic()
+        self.timings[name] = round(now - self._clock, 3)
+        self._clock = now
+
+
+def lazy_core(package: str, names: tuple[str, ...]) -> Callable[[str], object]:
+    """A stage package's module ``__getattr__`` that imports ``<package>.core`` (torch, lm-eval)
+    only when one of names is asked for: the flow reads the package's light hooks alone."""
+
+    def __getattr__(name: str):
+        if name not in names:
+            raise AttributeError(f"module '{package}' has no attribute '{name}'")
+        return getattr(importlib.import_module(f"{package}.core"), name)
+
+    return __getattr__

@@ -59,7 +59,10 @@ class Gate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     id: str = Field(description="Unique id, shown in reports (lowercase, dashes).")
-    metric: str = Field(description="Metric name as produced by a stage, e.g. alignment.logits.kl_mean.")
+    metric: str = Field(description=(
+        "Metric name as produced by a stage, e.g. alignment.logits.kl_mean; or a pattern of "
+        "its metrics file such as performance.{workload}.ttft_p99_ms: the bound must hold for "
+        "every metric it matches (judged on the worst; none matching fails the gate)."))
     op: Literal["<=", "<", ">=", ">", "=="] | None = Field(None, description=(
         "observed OP threshold must hold (not with `paired`)."))
     threshold: float | None = Field(None, description=(
@@ -136,16 +139,10 @@ def metric_catalog() -> dict[str, dict]:
 def catalog_entry(metric: str, catalog: dict[str, dict]) -> dict | None:
     """The catalog's entry for metric: by name, or by a pattern such as
     ``evaluation.{category}.acc`` (a placeholder stands for one name segment)."""
-    import re
-
     if metric in catalog:
         return catalog[metric]
-    for name, info in catalog.items():
-        if "{" in name:
-            pattern = re.sub(r"\\\{[a-z_]+\\\}", "[A-Za-z0-9_-]+", re.escape(name))
-            if re.fullmatch(pattern, metric):
-                return info
-    return None
+    return next((info for name, info in catalog.items()
+                 if "{" in name and matching(name, [metric])), None)
 
 
 def default_gates_path() -> Path:
@@ -230,7 +227,14 @@ def evaluate(gates: GatesFile, metrics: dict[str, float | None], *, is_moe: bool
                                       reason=f"not applicable: {kind} model, gate is for {gate.applies_to}"))
             continue
         test = _paired_p(gate, (paired or {}).get(gate.metric)) if gate.paired else None
-        observed = (test or {}).get("p_value") if gate.paired else metrics.get(gate.metric)
+        worst = None
+        if gate.paired:
+            observed = (test or {}).get("p_value")
+        elif "{" in gate.metric:
+            worst, observed = _worst(gate, metrics)
+            base["metric"] = worst or gate.metric
+        else:
+            observed = metrics.get(gate.metric)
         if observed is None:
             stage, why = next(((prefix, r) for prefix, r in (missing_reasons or {}).items()
                                if gate.metric.startswith(prefix + ".")),
@@ -250,10 +254,37 @@ def evaluate(gates: GatesFile, metrics: dict[str, float | None], *, is_moe: bool
             continue
         passed = OPS[gate.op](observed, threshold)
         relation = "holds" if passed else "violated"
+        where = f"{worst}: " if worst else ""
         results.append(GateResult(**base, observed=observed, passed=passed,
-                                  reason=f"{observed:.6g} {gate.op} {threshold:g} {relation}"
-                                  + (f" ({claim} claim)" if claim in gate.by_claim else "")))
+                                  reason=f"{where}{observed:.6g} {gate.op} {threshold:g} {relation}"
+                                  + (f" ({claim} claim)" if claim in gate.by_claim else "")
+                                  + (f" (worst of {gate.metric})" if worst else "")))
     return results
+
+
+def matching(pattern: str, names) -> list[str]:
+    """Names a metric pattern (``performance.{workload}.ttft_p99_ms``) matches, in order."""
+    import re
+
+    regex = re.sub(r"\\\{[a-z_]+\\\}", "[A-Za-z0-9_-]+", re.escape(pattern))
+    return [n for n in names if re.fullmatch(regex, n)]
+
+
+def _worst(gate: Gate, metrics: dict[str, float | None]) -> tuple[str | None, float | None]:
+    """The matching metric furthest on the failing side of the bound (a missing or NaN value
+    is the worst); (None, None) when nothing matches."""
+    found = matching(gate.metric, metrics)
+    if not found:
+        return None, None
+    for name in found:
+        value = metrics[name]
+        if value is None or not math.isfinite(float(value)):
+            return name, value
+    if gate.op == "==":
+        return max(((n, metrics[n]) for n in found),
+                   key=lambda nv: abs(float(nv[1]) - gate.threshold))
+    name = (max if gate.op in ("<=", "<") else min)(found, key=lambda n: float(metrics[n]))
+    return name, metrics[name]
 
 
 FLIPS_IN_GATE = 20

@@ -29,4 +29,12 @@ def table(head: list[str], rows: list[list]) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["cell", "table"]
+__all__ = ["cell", "table", "notes_and_findings"]
+
+
+def notes_and_findings(notes: list[str], findings: list[str]) -> list[str]:
+    """The closing lines of a stage's report section: its notes, then its findings."""
+    lines = [f"- note: {note}" for note in notes]
+    if findings:
+        lines += ["", *[f"- {f}" for f in findings]]
+    return lines

@@ -45,6 +45,9 @@ class ValidateRequest(BaseModel):
         "source (day0.identity)."))
     revision: str | None = Field(None, description=(
         "The release's revision; default a digest of the weights (day0.identity)."))
+    promote_baseline: bool = Field(False, description=(
+        "Store this run's performance figures as the baseline of its model, revision and "
+        "target (only ever on request; automatic runs never do)."))
 
     def as_parameters(self) -> dict:
         """Flow-run parameters: only what differs from the defaults (short, readable runs).
@@ -95,11 +98,20 @@ def stage_configs(config: str | None = None, text: str | None = None) -> dict[st
     return configs
 
 
+def with_promotion(configs: dict[str, dict], promote: bool) -> dict[str, dict]:
+    """Stage settings asking the performance stage to store this run as the baseline (the only
+    way a baseline is made: `--promote-baseline`, the deployment's promote_baseline)."""
+    if not promote:
+        return configs
+    return {**configs, "performance": {**configs.get("performance", {}), "promote_baseline": True}}
+
+
 def build(source: str, *, target: str | None = None, target_file: str | None = None,
           gates: str | None = None, out: str | None = None, config: str | None = None,
           text: str | None = None, use_cache: bool = True, trust_remote_code: bool = False,
           revision: str | None = None, deployment: str | None = None,
-          stages: list[str] | None = None) -> ValidateRequest:
+          stages: list[str] | None = None, promote_baseline: bool = False,
+          duration: str | None = None) -> ValidateRequest:
     """A checked request from command-line values; raises InputError/ConfigError (exit 2)
     before any run starts. deployment: the request goes to that deployment's workers."""
     from day0.gates import load_gates
@@ -117,12 +129,23 @@ def build(source: str, *, target: str | None = None, target_file: str | None = N
     # unknown stages, or not for this kind of target; gates the stages' items cannot power
     waves = registry.plan(stages, profile.kind)
     configs = stage_configs(config, text)
+    if duration is not None:  # --duration: the soak's
+        from day0.durations import seconds
+
+        try:
+            if seconds(duration) <= 0:
+                raise ValueError("it must be positive")
+        except ValueError as exc:
+            raise ConfigError(f"bad duration {duration!r}: {exc}", field="--duration",
+                              fix="write e.g. 10h, 30m, 1h30m or 90s") from None
+        configs = {**configs, "soak": {**configs.get("soak", {}), "duration": duration}}
     pipeline.check_gates(gate_file, configs, waves)
     return ValidateRequest(
         source=source, target=None if target_file else profile.name, target_file=target_file,
         gates=gates, out=str(Path(out).resolve()) if out else None,
         stage_configs=configs or None, use_cache=use_cache,
-        trust_remote_code=trust_remote_code, revision=revision, stages=stages or None)
+        trust_remote_code=trust_remote_code, revision=revision, stages=stages or None,
+        promote_baseline=promote_baseline)
 
 
 def stage_inputs(source: str, *, target: str | None = None, target_file: str | None = None,

@@ -130,6 +130,22 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if outcome.ok else (outcome.exit_code or 1)
 
 
+_RUNNING: set[int] = set()  # process groups of the stage children running now
+
+
+def interrupt_running(signum: int = signal.SIGTERM) -> int:
+    """Send signum to every running stage child's process group (a stage that handles it, the
+    soak, stops early and reports what it measured); how many were signalled."""
+    sent = 0
+    for group in list(_RUNNING):
+        try:
+            os.killpg(group, signum)
+            sent += 1
+        except ProcessLookupError:
+            _RUNNING.discard(group)
+    return sent
+
+
 def run_stage(spec: StageSpec, *, timeout_s: float | None = None,
               memory_limit_gib: float | None = None, log: Callable[[str], None] | None = None,
               env: dict | None = None, budget: StageBudget | None = None) -> StageOutcome:
@@ -154,6 +170,7 @@ def run_stage(spec: StageSpec, *, timeout_s: float | None = None,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=child_env, start_new_session=True)
 
+        _RUNNING.add(proc.pid)
         beat = progress.Heartbeat(spec.stage, log, rss=lambda: group_rss_bytes(proc.pid))
 
         def pump():
@@ -167,8 +184,11 @@ def run_stage(spec: StageSpec, *, timeout_s: float | None = None,
 
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
-        killed_for = _supervise(proc, budget, started, beat)
-        proc.wait()
+        try:
+            killed_for = _supervise(proc, budget, started, beat)
+            proc.wait()
+        finally:
+            _RUNNING.discard(proc.pid)
         lifecycle.kill_group(proc.pid)  # children the stage left behind go with it
         reader.join(timeout=5)
         seconds = time.monotonic() - started

@@ -16,14 +16,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefect import flow, get_run_logger
+from prefect.exceptions import TerminationSignal
 from prefect.runtime import flow_run
 from prefect.states import Completed, Failed, State
 
 from day0 import gates as gating
-from day0 import identity, labels, pipeline, stages as registry
+from day0 import identity, labels, pipeline, request, stages as registry
 from day0 import report as reporting
 from day0.contract import StageInputs
-from day0.stage import StageOutcome
+from day0.stage import StageOutcome, interrupt_running
 from day0.targets import REFERENCE, resolve_target
 from flows.results import result_storage
 from tasks.artifacts import label_run, publish_artifacts
@@ -60,18 +61,19 @@ def validate(source: str, target: str | None = "cpu-bf16", target_file: str | No
              gates: str | None = None, out: str | None = None,
              stage_configs: dict[str, dict] | None = None, stages: list[str] | None = None,
              use_cache: bool = True, trust_remote_code: bool = False, model: str | None = None,
-             revision: str | None = None) -> State:
+             revision: str | None = None, promote_baseline: bool = False) -> State:
     """Validate the checkpoint at `source` on `target`; ends in the verdict's state with
     report.json (a dict) as its result.
 
     model and revision name the release (day0.identity: default the source's name and a digest
     of its weights); every run is kept under <results>/<model>/<revision>/<target>/runs/<run>/
-    with latest.json naming the newest."""
+    with latest.json naming the newest. promote_baseline: store this run's performance figures
+    as the baseline later runs are compared with (never done otherwise)."""
     logger = get_run_logger()
     start_of_run(logger)  # own this run by pid; crash runs and sweep folders of dead processes
     target_profile = resolve_target(target, target_file)
     gate_file = gating.load_gates(gates)  # config errors stop the run before any stage
-    configs = stage_configs or {}
+    configs = request.with_promotion(stage_configs or {}, promote_baseline)
     pipeline.check_configs(configs)
     waves = registry.plan(stages, target_profile.kind)
     pipeline.check_gates(gate_file, configs, waves)  # e.g. a paired gate its items cannot power
@@ -85,24 +87,44 @@ def validate(source: str, target: str | None = "cpu-bf16", target_file: str | No
     label_run(flow_run.id, logger, name=labels.run_name(*where), tags=labels.run_tags(*where))
 
     outcomes, skipped, facts = {}, {}, {}
+    interrupted: TerminationSignal | None = None
     with engine_session(target_profile, source, pipeline.needs_endpoint(waves), logger) as engine:
         inputs = inputs.model_copy(update={"endpoint": engine.endpoint})
         for wave in waves:
+            if interrupted:
+                skipped.update({name: "not run: the run was interrupted (SIGTERM)"
+                                for name in wave})
+                continue
             futures = {}
-            for name in wave:
-                if reason := pipeline.blocked(name, outcomes, skipped):
-                    skipped[name] = reason
-                    continue
-                if engine.error and registry.get(name).uses_endpoint:
-                    outcomes[name] = pipeline.without_engine(name, engine.error)
-                    continue
-                stage_inputs, required = pipeline.stage_inputs(name, inputs, outcomes)
-                futures[name] = run_stage_task.submit(
-                    name, registry.get(name).locator, configs.get(name, {}), stage_inputs,
-                    dict(facts), use_cache, weights, required)
-            for name, future in futures.items():
-                outcomes[name] = _outcome(future)
-                facts.update(pipeline.facts_of(name, outcomes[name]))
+            try:
+                for name in wave:
+                    if reason := pipeline.blocked(name, outcomes, skipped):
+                        skipped[name] = reason
+                        continue
+                    if engine.error and registry.get(name).uses_endpoint:
+                        outcomes[name] = pipeline.without_engine(name, engine.error)
+                        continue
+                    stage_inputs, required = pipeline.stage_inputs(name, inputs, outcomes)
+                    futures[name] = run_stage_task.submit(
+                        name, registry.get(name).locator, configs.get(name, {}), stage_inputs,
+                        dict(facts), use_cache, weights, required)
+                for name, future in futures.items():
+                    outcomes[name] = _outcome(future)
+                    facts.update(pipeline.facts_of(name, outcomes[name]))
+            except TerminationSignal as exc:
+                # SIGTERM (a worker cancelling, `kill`): the running stages get it too (a soak
+                # stops its load and reports what it measured), the report is still written,
+                # then the run ends as Prefect ends a terminated one; a second SIGTERM: at once
+                interrupted = exc
+                logger.warning("SIGTERM: stopping the running stages; the report keeps what "
+                               "they measured")
+                interrupt_running(exc.signal)
+                for name, future in futures.items():
+                    if name not in outcomes:
+                        outcomes[name] = _outcome(future)
+                for name in wave:
+                    if name not in outcomes:
+                        skipped.setdefault(name, "not run: the run was interrupted (SIGTERM)")
 
     concluded = pipeline.conclude(gate_file, target_profile, outcomes, skipped, facts)
     run_id = identity.new_run_id(str(flow_run.id) if flow_run.id else None)
@@ -120,5 +142,7 @@ def validate(source: str, target: str | None = "cpu-bf16", target_file: str | No
     label_run(flow_run.id, logger, tags=labels.run_tags(*where, concluded.verdict))
     end = labels.final_state(report)
     logger.info("verdict %s for %s on %s", end.message, source, target_profile.label)
+    if interrupted:
+        raise interrupted
     return (Completed if end.completed else Failed)(name=end.name, message=end.message,
                                                     data=report_json)

@@ -16,6 +16,9 @@ from tests.conftest import HELDOUT, MODELS, PLUGINS
 
 pytestmark = pytest.mark.integration
 STAGES = {"alignment": {"text_file": str(HELDOUT)}}
+# faults of the computation that these tests localize through alignment: the run selects it
+# (and what it runs after); the evaluation stage's own fault tests are in tests/stages/evaluation
+ALIGNMENT = ["alignment"]
 
 
 def target_file(tmp_path, *plugins, name="cpu-bf16-test", **extra):
@@ -86,26 +89,30 @@ def test_repeat_reuses_every_stage(prefect_server, tmp_path):
 
 
 def test_perturbed_layer_fails_and_is_localized(prefect_server, tmp_path):
-    report, _ = run_flow(MODELS / "tiny-llama", target_file(tmp_path, "perturb_layer.py"))
+    report, _ = run_flow(MODELS / "tiny-llama", target_file(tmp_path, "perturb_layer.py"),
+                         stages=ALIGNMENT)
     assert report["verdict"] == "FAIL"
     assert "layers-aligned" in failing(report)
     assert report["evidence"]["alignment"]["first_divergent_layer"] == 2
 
 
 def test_far_position_corruption_is_caught(prefect_server, tmp_path):
-    report, _ = run_flow(MODELS / "tiny-llama", target_file(tmp_path, "corrupt_far_positions.py"))
+    report, _ = run_flow(MODELS / "tiny-llama", target_file(tmp_path, "corrupt_far_positions.py"),
+                         stages=ALIGNMENT)
     assert report["verdict"] == "FAIL", report["metrics"]
     assert failing(report) & {"logits-kl-worst-bucket", "layers-aligned"}
 
 
 def test_flipped_routing_is_caught(prefect_server, tmp_path):
-    report, _ = run_flow(MODELS / "tiny-qwen3moe", target_file(tmp_path, "flip_routing.py"))
+    report, _ = run_flow(MODELS / "tiny-qwen3moe", target_file(tmp_path, "flip_routing.py"),
+                         stages=ALIGNMENT)
     assert report["verdict"] == "FAIL"
     assert "expert-selection" in failing(report)
 
 
 def test_nan_target_fails_not_errors(prefect_server, tmp_path):
-    report, _ = run_flow(MODELS / "tiny-llama", target_file(tmp_path, "nan_output.py"))
+    report, _ = run_flow(MODELS / "tiny-llama", target_file(tmp_path, "nan_output.py"),
+                         stages=ALIGNMENT)
     assert report["verdict"] == "FAIL" and "no-nonfinite" in failing(report)
 
 
@@ -113,7 +120,8 @@ def test_crashing_stage_gives_error_verdict(prefect_server, tmp_path):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    report, run_id = run_flow(MODELS / "tiny-llama", target_file(tmp_path, "crash.py"))
+    report, run_id = run_flow(MODELS / "tiny-llama", target_file(tmp_path, "crash.py"),
+                              stages=ALIGNMENT)
     assert report["verdict"] == "ERROR"
     assert any("alignment" in e and "SIGKILL" in e for e in report["errors"])
     assert not report["stages"]["alignment"]["ok"] and report["stages"]["analysis"]["ok"]

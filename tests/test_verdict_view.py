@@ -86,7 +86,7 @@ def test_stage_task_state():
     assert crashed.name == "ERROR" and "scan" in crashed.message
 
 
-ENGINE_STAGES = ("smoke", "api_alignment", "serving")  # not applicable to a torch target
+ENGINE_STAGES = ("smoke", "api_alignment", "serving", "performance", "soak")  # not for torch targets
 
 
 def test_missing_metrics_are_one_not_evaluated_row_and_error_still_wins():

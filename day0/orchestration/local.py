@@ -16,12 +16,30 @@ FLOW = "validate"
 
 
 def validate(request: ValidateRequest) -> dict:
-    """Run the flow in this process (against PREFECT_API_URL, else a temporary local server)."""
+    """Run the flow in this process (against PREFECT_API_URL, else a temporary local server).
+
+    A SIGTERM during the run: the flow writes the report of what was measured and ends as
+    Prefect ends a terminated run, which then re-sends the signal to the handler set here; it
+    exits with 143 through normal interpreter shutdown, so the temporary server is stopped
+    (the default action would leave it running)."""
+    import signal
+    import threading
+
     from flows.results import report_of
     from flows.validate import validate as flow
 
-    # a FAIL/ERROR/BROKEN run ends Failed: its report is the state's data (result() would raise)
-    return report_of(flow(**request.as_parameters(), return_state=True))
+    def on_term(signum, frame):
+        raise SystemExit(128 + signum)
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, on_term) if main else None
+    try:
+        # a FAIL/ERROR/BROKEN run ends Failed: its report is the state's data (result() would
+        # raise)
+        return report_of(flow(**request.as_parameters(), return_state=True))
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def deployment_name(deployment: str) -> str:

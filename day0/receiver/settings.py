@@ -196,6 +196,10 @@ class ReceiverSettings(_Strict):
         if "trust_remote_code" in value:
             raise ValueError("trust_remote_code is set per source, not for every run; write "
                              "trust_remote_code: ['s3://bucket/prefix'] at the top level")
+        if ((value.get("stage_configs") or {}).get("performance") or {}).get("promote_baseline"):
+            raise ValueError("automatic runs never promote a performance baseline; promote "
+                             "one by hand: `day0 baseline promote RUN_FOLDER` or a deployment "
+                             "run with promote_baseline=true")
         unknown = sorted(set(value) - set(FLOW_PARAMETERS))
         if unknown:
             raise ValueError(f"unknown flow parameter(s) {unknown}; known: {list(FLOW_PARAMETERS)}")

@@ -33,6 +33,9 @@ A stage is a module (usually a package ``day0/stages/<name>/``) exposing:
 ``files``           optional ``files(result: dict) -> dict[path, bytes]``: files kept next to
                     report.json (``--out`` and the published run), e.g. per-item outputs
                     as JSONL; given the whole result (not the evidence)
+``EXCLUSIVE``       True when it measures time: it runs in a wave of its own after every
+                    other stage (nothing else loads the machine or the engine meanwhile);
+                    default False
 ``check_gates``     optional ``check_gates(config: dict, gates: list[Gate]) -> list[Problem]``:
                     before any stage runs, what is wrong with the gates on its metrics given
                     its config (a paired gate its items cannot power): exit 2
@@ -65,7 +68,8 @@ ENTRY_POINT_GROUP = "day0.stages"
 BUILTIN = {"analysis": "day0.stages.analysis", "scan": "day0.stages.scan",
            "alignment": "day0.stages.alignment", "smoke": "day0.stages.smoke",
            "api_alignment": "day0.stages.api_alignment", "serving": "day0.stages.serving",
-           "evaluation": "day0.stages.evaluation"}
+           "evaluation": "day0.stages.evaluation", "performance": "day0.stages.performance",
+           "soak": "day0.stages.soak"}
 _registered: dict[str, str] = {}
 
 
@@ -114,6 +118,10 @@ class Stage:
     @property
     def uses_endpoint(self) -> bool:
         return bool(self.hook("USES_ENDPOINT", False))
+
+    @property
+    def exclusive(self) -> bool:
+        return bool(self.hook("EXCLUSIVE", False))
 
     @property
     def metrics_file(self) -> Path:
@@ -205,7 +213,10 @@ def plan(selected: list[str] | None, target_kind: str) -> list[list[str]]:
         while len(waves) <= level[name]:
             waves.append([])
         waves[level[name]].append(name)
-    return waves
+    # a stage that measures time runs alone, after the rest (nothing else loads the machine)
+    alone = [n for n in order if (stages.get(n) or get(n)).exclusive]
+    waves = [[n for n in wave if n not in alone] for wave in waves]
+    return [wave for wave in waves if wave] + [[n] for n in alone]
 
 
 __all__ = ["Stage", "ENTRY_POINT_GROUP", "BUILTIN", "register", "unregister", "locators",

@@ -58,7 +58,7 @@ def launched_report(prefect_server, tmp_path_factory):
     before = engine_pids()
     started = time.monotonic()
     proc = day0("validate", TINY_LLAMA, "--target", "vllm-cpu-bf16", "--out", out,
-                prefect_server=prefect_server)
+                "--duration", "20s", prefect_server=prefect_server)
     seconds = time.monotonic() - started
     left = engine_pids() - before
     return proc, json.loads((out / "report.json").read_text()), left, seconds
@@ -70,7 +70,9 @@ def test_the_builtin_vllm_target_passes_with_every_engine_gate(launched_report):
     assert "verdict: PASS" in proc.stdout
     assert not left, f"engine processes left behind: {left}"
     applicable = {g["metric"].split(".")[0] for g in report["gates"] if g["applicable"]}
-    assert {"smoke", "api_alignment", "serving", "evaluation"} <= applicable
+    assert {"smoke", "api_alignment", "serving", "evaluation", "performance", "soak"} <= applicable
+    assert report["evidence"]["soak"]["planned_s"] == 20 and report["evidence"]["soak"]["windows"]
+    assert [r["run"] for r in report["evidence"]["performance"]["runs"]][0] == "short_qa-c1"
     assert report["evidence"]["evaluation"]["target_model"] == "local-completions"
     not_here = [g for g in report["gates"] if g["metric"].startswith(("alignment.", "scan."))]
     assert not_here and all(not g["applicable"] for g in not_here)
@@ -92,9 +94,12 @@ def test_attach_mode_gives_the_metrics_of_launch_mode(prefect_server, tmp_path, 
                                                        tiny_llama_engine):
     out = tmp_path / "out"
     proc = day0("validate", TINY_LLAMA, "--target-file", attach_target(tmp_path, tiny_llama_engine),
-                "--out", out, prefect_server=prefect_server)
-    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
-    attached = metrics_of(json.loads((out / "report.json").read_text()), "smoke.", "api_alignment.")
+                "--stages", API_STAGES, "--out", out, prefect_server=prefect_server)
+    report = json.loads((out / "report.json").read_text())
+    assert all(report["stages"][s]["ok"] for s in API_STAGES.split(",")), proc.stderr[-3000:]
+    # only these stages were selected: every gate of theirs passes, the others are unjudged
+    assert not failing(report) - {g["id"] for g in report["gates"] if g["not_evaluated"]}
+    attached = metrics_of(report, "smoke.", "api_alignment.")
     launched = metrics_of(launched_report[1], "smoke.", "api_alignment.")
     assert attached and attached.keys() == launched.keys()
     for metric, value in launched.items():

@@ -74,6 +74,8 @@ def test_every_missing_secret_named_at_once(monkeypatch, capsys):
     ("hub: {source: 'file:///mirror/{repo}'}\n", "hub.source.*absolute folder"),
     ("limits: {header_timeout_s: 0}\n", "limits.header_timeout_s.*greater than 0"),
     ("checks: {timeout: 3}\n", "checks.*unknown field 'timeout'"),
+    ("flow_parameters: {stage_configs: {performance: {promote_baseline: true}}}\n",
+     "never promote a performance baseline"),
 ])
 def test_bad_settings(tmp_path, text, why):
     cfg = tmp_path / "r.yaml"

@@ -25,6 +25,8 @@ other stage's result.
 
 from __future__ import annotations
 
+from day0.contract import lazy_core
+
 from day0.stages.alignment.plots import plots
 from day0.stages.alignment.report import (evidence, findings, first_divergent_layer_line,
                                           layer_rows, markdown)
@@ -44,13 +46,7 @@ def tables(result: dict) -> dict:
 CORE = ("Config", "Result", "run", "Memo")
 
 
-def __getattr__(name: str):
-    # the core imports torch: only when the stage really runs (the flow reads the hooks above)
-    if name not in CORE:
-        raise AttributeError(f"module 'day0.stages.alignment' has no attribute '{name}'")
-    import importlib
-
-    return getattr(importlib.import_module("day0.stages.alignment.core"), name)
+__getattr__ = lazy_core(__name__, CORE)  # the core imports torch: only when it runs
 
 
 __all__ = ["REQUIRES", "AFTER", "TARGET_KINDS", "evidence", "markdown", "tables", "plots",

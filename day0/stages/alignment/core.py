@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import time
 from typing import Literal
 
 import torch
@@ -20,7 +19,7 @@ from day0.torchkit.evaltext import (load_tokenizer, prefix_token, prompts, read_
                                  resolve_text_file, tokenize, windows)
 from day0.torchkit.tolerances import load_tolerances
 from day0 import progress
-from day0.contract import StageInputs, StageResult
+from day0.contract import Laps, StageInputs, StageResult
 from day0.errors import ConfigError, TargetFault
 from day0.modeling import check_source, load_pretrained
 from day0.plugins import apply_plugins
@@ -216,14 +215,8 @@ class Memo:
 
 
 def run(config: Config, inputs: StageInputs, *, memo: Memo | None = None) -> Result:
-    timings: dict[str, float] = {}
-    clock = time.monotonic()
-
-    def lap(name: str):
-        nonlocal clock
-        now = time.monotonic()
-        timings[name] = round(now - clock, 3)
-        clock = now
+    laps = Laps()
+    lap = laps.lap
 
     target, reference = inputs.target, inputs.reference
     # rough shares of the stage's time on a CPU target (the windows dominate)
@@ -328,7 +321,7 @@ def run(config: Config, inputs: StageInputs, *, memo: Memo | None = None) -> Res
         seq_len=seq_len, prefix_token=prefix, context_tokens=wins[0].score_from,
         max_position_embeddings=max_pos,
         covered_fraction=covered / max_pos if max_pos else None, windows=len(wins),
-        ops=op_rows, generation=gen_rows, notes=notes, timings=timings,
+        ops=op_rows, generation=gen_rows, notes=notes, timings=laps.timings,
         checkpoint_problems=problems, **result)
 
 

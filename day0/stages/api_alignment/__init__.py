@@ -28,6 +28,8 @@ analysis; reads no other stage's result.
 
 from __future__ import annotations
 
+from day0.contract import lazy_core
+
 from day0.stages.api_alignment.plots import plots
 from day0.stages.api_alignment.report import evidence, findings, markdown, tables
 
@@ -39,13 +41,7 @@ USES_ENDPOINT = True
 CORE = ("Config", "Result", "run")
 
 
-def __getattr__(name: str):
-    # the core imports torch: only when the stage really runs (the flow reads the hooks above)
-    if name not in CORE:
-        raise AttributeError(f"module 'day0.stages.api_alignment' has no attribute '{name}'")
-    import importlib
-
-    return getattr(importlib.import_module("day0.stages.api_alignment.core"), name)
+__getattr__ = lazy_core(__name__, CORE)  # the core imports torch: only when it runs
 
 
 __all__ = ["REQUIRES", "AFTER", "TARGET_KINDS", "USES_ENDPOINT", "evidence", "markdown",

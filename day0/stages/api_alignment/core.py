@@ -4,13 +4,12 @@ on the reference and the control, and their paired comparison (see the package d
 from __future__ import annotations
 
 import math
-import time
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from day0 import progress
-from day0.contract import StageInputs, StageResult
+from day0.contract import Laps, StageInputs, StageResult
 from day0.engines.client import EngineClient
 from day0.engines.greedy import compare_greedy
 from day0.engines.process import max_model_len
@@ -175,14 +174,8 @@ def _is_moe(config) -> bool:
 
 
 def run(config: Config, inputs: StageInputs) -> Result:
-    timings: dict[str, float] = {}
-    clock = time.monotonic()
-
-    def lap(name: str):
-        nonlocal clock
-        now = time.monotonic()
-        timings[name] = round(now - clock, 3)
-        clock = now
+    laps = Laps()
+    lap = laps.lap
 
     target, reference = inputs.target, inputs.reference
     if inputs.endpoint is None or target.engine is None:
@@ -264,7 +257,8 @@ def run(config: Config, inputs: StageInputs) -> Result:
         text_file=str(text_path), text_tokens=len(ids), max_model_len=mml, seq_len=seq_len,
         prefix_token=prefix, context_tokens=wins[0].score_from, windows=len(wins), top_k=k,
         generation=gen_rows, moe=moe,
-        nonfinite=nonfinite + sum(r.nonfinite for r in gen_rows), notes=notes, timings=timings,
+        nonfinite=nonfinite + sum(r.nonfinite for r in gen_rows), notes=notes,
+        timings=laps.timings,
         checkpoint_problems=problems, **summary)
 
 

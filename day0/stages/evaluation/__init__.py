@@ -18,8 +18,10 @@ endpoint. Runs after analysis; reads no other stage's result.
 
 from __future__ import annotations
 
-from day0.stages.evaluation.report import (check_gates, evidence, files, findings, markdown,
-                                           plots, tables)
+from day0.contract import lazy_core
+
+from day0.stages.evaluation.preflight import check_gates
+from day0.stages.evaluation.report import evidence, files, findings, markdown, plots, tables
 
 REQUIRES: tuple[str, ...] = ()
 AFTER = ("analysis",)
@@ -29,13 +31,7 @@ USES_ENDPOINT = True
 CORE = ("Config", "Result", "run")
 
 
-def __getattr__(name: str):
-    # the core imports torch and lm-eval: only when the stage really runs
-    if name not in CORE:
-        raise AttributeError(f"module 'day0.stages.evaluation' has no attribute '{name}'")
-    import importlib
-
-    return getattr(importlib.import_module("day0.stages.evaluation.core"), name)
+__getattr__ = lazy_core(__name__, CORE)  # the core imports torch: only when it runs
 
 
 __all__ = ["REQUIRES", "AFTER", "TARGET_KINDS", "USES_ENDPOINT", "check_gates", "evidence",

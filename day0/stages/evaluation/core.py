@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
 from pathlib import Path
 
 from day0 import identity, progress
 from day0.checkpoint_io import read_config_dict
-from day0.contract import StageInputs
+from day0.contract import Laps, StageInputs
 from day0.engines.process import max_model_len
 from day0.errors import ConfigError, Day0Error, StageError, TargetFault, did_you_mean
 from day0.sources import local_checkpoint
@@ -29,13 +28,8 @@ def run(config: Config, inputs: StageInputs) -> Result:
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    timings: dict[str, float] = {}
-    clock = time.monotonic()
-
-    def lap(name: str) -> None:
-        nonlocal clock
-        timings[name] = round(time.monotonic() - clock, 3)
-        clock = time.monotonic()
+    laps = Laps()
+    lap = laps.lap
 
     target, reference = inputs.target, inputs.reference
     if target.kind == "engine" and (inputs.endpoint is None or target.engine is None):
@@ -126,7 +120,7 @@ def run(config: Config, inputs: StageInputs) -> Result:
         categories=categories, paired_items=paired, items=items,
         nonfinite=sum(t.get("nonfinite", 0) for rec in tgt_records.values()
                       for t in rec["items"]),
-        notes=notes, timings=timings)
+        notes=notes, timings=laps.timings)
 
 
 def _check_known(names: list[str], manager) -> None:

@@ -68,9 +68,9 @@ def planned(config: Config) -> dict[str, int | None]:
         else:
             add(category_of(name), None)
     if config.business_file:
-        for kind in ("choice", "generate"):  # both tasks of the set are one category
-            n = sum(1 for d in business.read_rows(config.business_file)
-                    if (d["match"] == "choice") == (kind == "choice"))
+        rows = business.read_rows(config.business_file)
+        choice = sum(1 for d in rows if d["match"] == "choice")
+        for n in (choice, len(rows) - choice):  # its two tasks are one category
             if n:
                 add("business", n)
     known = list(sizes.values())

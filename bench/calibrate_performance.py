@@ -1,0 +1,105 @@
+"""Calibration of the performance baseline gates on a real engine: clean repeats must PASS, a
+slowed engine must FAIL, with the spread written down.
+
+    python bench/calibrate_performance.py [--model tests/fixtures/models/tiny-llama]
+        [--repeats 5] [--slowed "--max-num-seqs 1"] [--json]
+
+Launches the built-in vllm-cpu-bf16 target's engine (plain configuration) on the model, runs
+the performance stage once and promotes it to baseline (a scratch store), then runs it
+--repeats more times against that baseline (clean repeats: same engine, same requests), then
+launches the engine again with the --slowed arguments and runs it once more. Prints per run
+and workload the slowdown ratio of each latency (median) with its interval's bounds, and each
+run's baseline gate results from the shipped gates.yaml. Needs `make engine`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from day0.contract import StageInputs  # noqa: E402
+from day0.engines.process import launched  # noqa: E402
+from day0.gates import evaluate, load_gates  # noqa: E402
+from day0.stage import StageSpec, execute  # noqa: E402
+from day0.stages.performance import Result  # noqa: E402
+from day0.targets import resolve_target  # noqa: E402
+
+
+def measure(model: str, endpoint, store: str, **config) -> Result:
+    target = resolve_target("vllm-cpu-bf16")
+    outcome = execute(StageSpec(stage="performance", config={"baseline_store": store, **config},
+                                inputs=StageInputs(source=model, target=target,
+                                                   endpoint=endpoint)))
+    if not outcome.ok:
+        sys.exit(f"performance stage failed: {outcome.error}")
+    return Result.model_validate(outcome.result)
+
+
+def judged(result: Result) -> dict[str, tuple[bool, str]]:
+    gates = evaluate(load_gates(ROOT / "gates.yaml"), result.metrics(), is_moe=False,
+                     inapplicable=result.inapplicable)
+    # warnings are reported, not judged (the verdict's rule)
+    return {g.id: (g.passed or g.severity == "warning", g.reason) for g in gates
+            if g.metric.startswith("performance.")}
+
+
+def row(label: str, result: Result) -> dict:
+    gates = judged(result)
+    return {"run": label,
+            "verdict": "PASS" if all(ok for ok, _ in gates.values()) else "FAIL",
+            "failed_gates": {k: why for k, (ok, why) in gates.items() if not ok},
+            "slowdowns": [{"run": s.run, "kind": s.kind, "ratio": s.ratio, "low": s.low,
+                           "high": s.high} for s in result.slowdowns],
+            "notes": result.notes}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=str(ROOT / "tests/fixtures/models/tiny-llama"))
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--slowed", default="--max-num-seqs 1")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    settings = resolve_target("vllm-cpu-bf16").engine
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="day0-calibrate-perf-") as store:
+        with launched(settings, args.model, "bfloat16", name="plain") as engine:
+            measure(args.model, engine.endpoint, store, promote_baseline=True)
+            for i in range(args.repeats):
+                rows.append(row(f"clean repeat {i + 1}", measure(args.model, engine.endpoint,
+                                                                 store)))
+        with launched(settings, args.model, "bfloat16", extra_args=shlex.split(args.slowed),
+                      name="slowed") as engine:
+            rows.append(row(f"slowed ({args.slowed})", measure(args.model, engine.endpoint,
+                                                              store)))
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    for r in rows:
+        print(f"== {r['run']}: {r['verdict']}")
+        for s in r["slowdowns"]:
+            print(f"   {s['run']:<18} {s['kind']:<5} ratio {s['ratio']:.2f} "
+                  f"[{s['low']:.2f}, {s['high']:.2f}]")
+        for gate, why in r["failed_gates"].items():
+            print(f"   FAIL {gate}: {why}")
+    clean = [r for r in rows if r["run"].startswith("clean")]
+    print(f"clean repeats passing: {sum(r['verdict'] == 'PASS' for r in clean)} of {len(clean)}; "
+          f"slowed: {rows[-1]['verdict']}")
+    lows = {}
+    for r in clean:
+        for s in r["slowdowns"]:
+            lows.setdefault(s["kind"], []).append(s["low"])
+    for kind, values in lows.items():
+        print(f"largest lower bound on clean repeats, {kind}: {max(values):.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""The performance stage on a real vLLM for CPU serving tiny-llama: vLLM's benchmark client
+replays the bundled workloads; the shipped gates pass; a promoted run is the baseline of the
+next; the same engine slowed down (--max-num-seqs 1: one request at a time) fails a baseline
+gate on a latency percentile, naming the workload."""
+
+from __future__ import annotations
+
+import pytest
+
+from day0.contract import StageInputs
+from day0.gates import evaluate, load_gates
+from day0.stage import StageSpec, execute
+from tests.conftest import ROOT
+from tests.engines.conftest import TINY_LLAMA, engine_target
+
+pytestmark = pytest.mark.engine
+
+
+def measure(endpoint, store, **config):
+    from day0.stages.performance import Result
+
+    outcome = execute(StageSpec(stage="performance",
+                                config={"baseline_store": str(store), **config},
+                                inputs=StageInputs(source=str(TINY_LLAMA), target=engine_target(),
+                                                   endpoint=endpoint)))
+    assert outcome.ok, outcome.error
+    return Result.model_validate(outcome.result)
+
+
+def gates_of(result):
+    judged = evaluate(load_gates(ROOT / "gates.yaml"), result.metrics(), is_moe=False,
+                      inapplicable=result.inapplicable)
+    return {g.id: g for g in judged if g.metric.startswith("performance.")}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return tmp_path_factory.mktemp("perf-baseline")
+
+
+@pytest.fixture(scope="module")
+def promoted(tiny_llama_engine, store):
+    return measure(tiny_llama_engine, store, promote_baseline=True)
+
+
+def test_every_workload_and_level_is_measured_exactly_and_passes(promoted):
+    assert [r.run for r in promoted.runs] == [
+        "short_qa-c1", "short_qa-c4", "long_document-c1", "long_document-c2", "agent-c4"]
+    for row in promoted.runs:
+        assert row.error is None and row.failed == 0 and row.completed == row.requests
+        assert row.length_mismatches == 0 and row.empty == 0
+        assert row.ttft_p50_ms > 0 and row.e2el_p99_ms >= row.ttft_p99_ms
+    assert promoted.load_generator.startswith("vllm bench serve 0.")
+    assert len(promoted.requests) == sum(r.requests for r in promoted.runs)
+    judged = gates_of(promoted)
+    errors = [g for g in judged.values() if g.severity == "error"]
+    assert all(g.passed for g in errors), {g.id: g.reason for g in errors if not g.passed}
+    # the first run has nothing to compare with: its baseline gates are not applicable
+    assert not judged["perf-ttft-vs-baseline"].applicable
+    assert promoted.promoted_to and promoted.promoted_to.endswith("performance.json")
+
+
+def test_the_next_run_is_compared_with_the_promoted_one_and_passes(promoted, tiny_llama_engine,
+                                                                    store):
+    again = measure(tiny_llama_engine, store)
+    assert again.promoted_to is None and again.baseline_promoted
+    # every run with min_requests (12) on both sides; the fixture's small context leaves the
+    # agent's conversations a turn or two (fewer requests: noted, not compared)
+    assert {s.run for s in again.slowdowns} == {r.run for r in again.runs if r.completed >= 12}
+    assert {"short_qa-c4", "long_document-c2"} <= {s.run for s in again.slowdowns}
+    judged = gates_of(again)
+    assert judged["perf-e2el-vs-baseline"].applicable
+    errors = [g for g in judged.values() if g.severity == "error"]
+    assert all(g.passed for g in errors), {g.id: g.reason for g in errors if not g.passed}
+
+
+def test_one_request_at_a_time_fails_a_baseline_gate_naming_the_workload(promoted, store):
+    from day0.engines.process import launched
+
+    settings = engine_target().engine
+    with launched(settings, TINY_LLAMA, "bfloat16", extra_args=["--max-num-seqs", "1"],
+                  name="one-at-a-time") as engine:
+        slowed = measure(engine.endpoint, store)
+    judged = gates_of(slowed)
+    failed = [g for g in judged.values() if not g.passed]
+    assert failed, {s.run: (s.kind, s.low) for s in slowed.slowdowns}
+    e2el = judged["perf-e2el-vs-baseline"]
+    assert not e2el.passed and e2el.severity == "error", e2el.reason
+    workload = e2el.metric.split(".")[2]  # the gate names the workload that regressed
+    assert workload == "short_qa" and "performance.baseline.short_qa.e2el_slowdown" in e2el.reason
