@@ -108,16 +108,11 @@ class ClientUsage(BaseModel):
     wall_s: float = Field(description="Seconds the load generator ran.")
     cpu_s: float = Field(description="CPU seconds it used (user + system, with children).")
 
-    @property
-    def cpu_share(self) -> float:
-        """Cores the client kept busy: near 1 means one core's worth, client-bound territory."""
-        return self.cpu_s / self.wall_s if self.wall_s > 0 else 0.0
-
 
 class Served(BaseModel):
     """What a load stage works against: the engine, its settings, the checkpoint, the context."""
 
-    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+    model_config = ConfigDict(extra="forbid")
 
     endpoint: Endpoint
     settings: EngineSettings

@@ -35,10 +35,12 @@ def location(store: str | None, source: str, revision: str | None, target_name: 
     """Folder (ends in '/') or s3:// prefix of this model's and target's baseline."""
     if store:
         return store.rstrip("/") + "/"
-    weights = identity.weights_key(source)
-    folder = identity.results_location(None, source, target_name, revision, weights=weights)
+    # the weights are hashed only where the location needs them (no results location, or no
+    # revision to name the release by)
+    folder = identity.results_location(None, source, target_name, revision)
     if folder is not None:
         return folder + "baseline/"
+    weights = identity.weights_key(source)
     return str(identity.cache_dir() / "performance-baseline" / weights / target_name) + "/"
 
 

@@ -20,7 +20,7 @@ machine), the checkpoint's tokenizer, the engine venv (the load generator). Runs
 from __future__ import annotations
 
 from day0.stages.soak.core import run
-from day0.stages.soak.report import evidence, findings, markdown, plots, tables
+from day0.stages.soak.report import findings, markdown, plots, tables
 from day0.stages.soak.result import Config, Result
 
 REQUIRES: tuple[str, ...] = ()
@@ -30,4 +30,4 @@ USES_ENDPOINT = True
 EXCLUSIVE = True
 
 __all__ = ["Config", "Result", "run", "REQUIRES", "AFTER", "TARGET_KINDS", "USES_ENDPOINT",
-           "EXCLUSIVE", "evidence", "markdown", "tables", "plots", "findings"]
+           "EXCLUSIVE", "markdown", "tables", "plots", "findings"]

@@ -66,10 +66,6 @@ def findings(result: dict) -> list[str]:
     return out
 
 
-def evidence(result: dict) -> dict:
-    return result
-
-
 def plots(result: dict) -> dict[str, bytes]:
     """Memory over time with its fitted slope; latency and throughput per window."""
     from day0 import plots as drawing
