@@ -8,7 +8,7 @@ TORCH_INDEX ?=
 TORCH_ARGS  := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
 FIXTURES    := tiny-llama tiny-qwen3moe tiny-deepseekv3
 DEMO_TARGET ?= cpu-bf16
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=30
 
 DAY0_IMAGE  ?= day0:local
 

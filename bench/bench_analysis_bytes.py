@@ -81,7 +81,30 @@ def main(argv=None) -> int:
               f"{r['bytes_read']:>9,} {r['ratio']:>9.2e} {r['headers_s'] * 1e3:>6.1f}ms "
               f"{r['analysis_s']:>8.2f}s")
     print("(transformers is imported while generating; times exclude that import)")
+    print(f"refusal of num_hidden_layers=10**9 by a fresh `day0 analyze` (imports included): "
+          f"{refusal_s():.2f} s")
     return 0
+
+
+def refusal_s() -> float:
+    """Wall time of a fresh process refusing an absurd config (the unbounded-work issue)."""
+    import json
+    import shutil
+    import subprocess
+
+    with tempfile.TemporaryDirectory(prefix="day0-bench-") as tmp:
+        folder = Path(tmp) / "absurd"
+        shutil.copytree(FIXTURE, folder)
+        config = json.loads((folder / "config.json").read_text())
+        config["num_hidden_layers"] = 10**9
+        (folder / "config.json").write_text(json.dumps(config))
+        started = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "day0.cli", "analyze", str(folder)],
+                              capture_output=True, text=True, timeout=120, cwd=ROOT)
+        elapsed = time.perf_counter() - started
+    if proc.returncode != 2:
+        raise SystemExit(f"expected exit 2, got {proc.returncode}: {proc.stderr[-500:]}")
+    return elapsed
 
 
 if __name__ == "__main__":

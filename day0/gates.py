@@ -205,7 +205,8 @@ def evaluate(gates: GatesFile, metrics: dict[str, float | None], *, is_moe: bool
     """Judge every gate. missing_reasons maps a metric prefix (stage) to why it is absent
     (e.g. "failed: <error>", "not run: analysis failed");
     claim selects by_claim thresholds (the target's claim); inapplicable maps a metric prefix
-    (a stage that does not run on this kind of target) to why its gates do not apply;
+    (a stage that does not run on this kind of target) or a whole metric (pattern) to why its
+    gates do not apply;
     paired maps a metric to its per-item values on both sides (StageResult.paired_items)."""
     results = []
     for gate in gates.gates:
@@ -215,7 +216,8 @@ def evaluate(gates: GatesFile, metrics: dict[str, float | None], *, is_moe: bool
         base = dict(id=gate.id, metric=gate.metric, op=op, threshold=threshold,
                     severity=gate.severity)
         why_not = next((r for prefix, r in (inapplicable or {}).items()
-                        if gate.metric.startswith(prefix + ".")), None)
+                        if gate.metric == prefix or gate.metric.startswith(prefix + ".")),
+                       None)
         if why_not:
             results.append(GateResult(**base, observed=None, passed=True, applicable=False,
                                       reason=f"not applicable: {why_not}"))

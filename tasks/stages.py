@@ -6,7 +6,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Failed
 
-from day0 import cache, labels
+from day0 import cache, labels, stages as registry
 from day0.contract import StageInputs
 from day0.runners import run_on_target
 from day0.stage import StageOutcome, StageSpec
@@ -28,8 +28,9 @@ def run_stage_task(stage: str, locator: str, config: dict, inputs: StageInputs,
     spec = StageSpec(stage=stage, locator=locator, config=config, inputs=inputs,
                      facts=facts or {})
     key = cache.stage_key(spec, weights, required)
-    # a served engine has no digest: what it answered today says nothing about tomorrow
-    cacheable = inputs.endpoint is None
+    # a served engine has no digest: what it answered today says nothing about tomorrow; a
+    # stage that measures time measures this machine now
+    cacheable = inputs.endpoint is None and not registry.get(stage).exclusive
     use_cache = use_cache and cacheable
     if use_cache and (hit := cache.load(key)) is not None:
         logger.info("stage %s: cache hit %s (weights, target, config and code unchanged)",

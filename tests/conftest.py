@@ -27,6 +27,15 @@ def day0_cache(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def perf_model(tmp_path_factory):
+    """A 37 M-parameter Llama (random bf16 weights, tiny-llama's tokenizer): engine-bound
+    serving on CPU, unlike tiny-llama (scripts/make_perf_model.py says why)."""
+    from scripts.make_perf_model import make
+
+    return make(tmp_path_factory.mktemp("perf-model") / "perf-llama")
+
+
+@pytest.fixture(scope="session")
 def prefect_server():
     """One real Prefect server for the whole session; yields its API URL for subprocesses."""
     from prefect.settings import PREFECT_API_URL

@@ -13,7 +13,6 @@ import os
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -58,17 +57,15 @@ def set_config(folder: Path, **values) -> None:
 
 # ------------------------------------------------------------------------------- unbounded work
 
-def test_a_billion_layers_are_refused_in_under_2_s(llama):
-    """The issue's hang: a fresh process, imports included, answers at once and in little memory."""
+def test_a_billion_layers_are_refused_without_building_anything(llama):
+    """The issue's hang: a fresh process answers with exit 2 (how fast: bench_analysis_bytes.py
+    prints it; the timeout here only turns a hang into a failure)."""
     set_config(llama, num_hidden_layers=10**9)
-    started = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "day0.cli", "analyze", str(llama)],
                           capture_output=True, text=True, timeout=60)
-    elapsed = time.monotonic() - started
     assert proc.returncode == 2, proc.stderr
     line = one_line(proc.stderr)
     assert "config.json" in line and "num_hidden_layers" in line and "1000000000" in line
-    assert elapsed < 2.0, f"refusal took {elapsed:.2f} s"
 
 
 @pytest.mark.parametrize("layers", [10**6, 2**63])

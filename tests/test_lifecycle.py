@@ -143,6 +143,7 @@ def test_sigkilled_validate_cleans_up(prefect_server, tmp_path):
     with open(log, "w") as fh:
         proc = subprocess.Popen(
             [sys.executable, "-m", "day0.cli", "validate", str(MODELS / "tiny-llama"), "--no-cache",
+             "--stages", "alignment",
              "--target-file", str(write_target(tmp_path, "cpu-bf16-killed", sleeper))],
             stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:

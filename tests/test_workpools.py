@@ -329,17 +329,20 @@ def test_docker_worker_runs_stages_in_containers(pools, docker_client, tmp_path,
 
     log = worker_log.read_text()
     assert report["verdict"] == reference["verdict"] == "PASS", (report["errors"], log[-3000:])
-    for name in ("analysis", "scan", "alignment", "evaluation"):
+    for name in ("analysis", "scan", "alignment", "evaluation", "performance"):
         stage = report["stages"][name]
         assert stage["ok"] and stage["ran_in"].startswith("deployment:day0-stage/docker:"), stage
         assert reference["stages"][name]["ran_in"] == "process"
-    assert report["metrics"] == reference["metrics"]
+    assert set(report["metrics"]) == set(reference["metrics"])
+    # the same numbers; only the kernel profile's timings are the machine's at that moment
+    assert ({k: v for k, v in report["metrics"].items() if not k.startswith("performance.")}
+            == {k: v for k, v in reference["metrics"].items() if not k.startswith("performance.")})
     assert report["evidence"]["alignment"]["first_divergent_layer"] == reference["evidence"]["alignment"]["first_divergent_layer"]
 
     # each stage was a Completed flow run of the deployment, in a container of day0:local that
     # the worker started (Docker's own event log), and it said so from inside
     run_ids = {name: report["stages"][name]["ran_in"].rsplit(":", 1)[1] for name in report["stages"]}
-    assert len({started_for[run_id]["id"] for run_id in run_ids.values()}) == 4, started_for
+    assert len({started_for[run_id]["id"] for run_id in run_ids.values()}) == len(run_ids) == 5, started_for
     with get_client(sync_client=True) as client:
         runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep.id])))
         assert {str(r.id) for r in runs} == set(run_ids.values())

@@ -59,6 +59,8 @@ class LoadRun(BaseModel):
         "Time bound of the run (a repeated run: of each window)."))
     repeat_until: float | None = Field(None, description=(
         "Unix time: repeat the run as windows <id>-w0001, ... until then (a soak)."))
+    warmups: int = Field(0, ge=0, description=(
+        "Unmeasured requests sent first (vLLM's --num-warmups: the trace's first request)."))
 
 
 def argv(run: LoadRun, endpoint: Endpoint, tokenizer: str, trace_path: Path,
@@ -70,7 +72,7 @@ def argv(run: LoadRun, endpoint: Endpoint, tokenizer: str, trace_path: Path,
             "--timed-trace-chunk-hash-size", str(CHUNK),
             "--num-prompts", str(len(run.trace)), "--seed", str(seed), "--temperature", "0",
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", PERCENTILES,
-            "--save-detailed", "--disable-tqdm", "--num-warmups", "0",
+            "--save-detailed", "--disable-tqdm", "--num-warmups", str(run.warmups),
             "--ready-check-timeout-sec", "30"]
     args += ["--self-timed"] if run.self_timed else ["--no-self-timed"]
     args += ["--request-rate", str(run.rate) if run.rate else "inf"]

@@ -57,6 +57,11 @@ class Lengths(BaseModel):
             raise ValueError("of_context counts are fractions of the context (at most 1)")
         return self
 
+    def smallest(self, context: int) -> int:
+        """The least count a draw can give."""
+        scale = max(1, context) if self.of_context else 1
+        return max(1, int(round((self.value if self.dist == "fixed" else self.min) * scale)))
+
     def draw(self, rng: random.Random, context: int) -> int:
         scale = max(1, context) if self.of_context else 1
         if self.dist == "fixed":
@@ -172,12 +177,17 @@ def trace_for(name: str, workload: Workload, *, context: int, seed: int,
     entries: list[tuple[int, int, TraceEntry]] = []
     conversations = max(1, workload.requests // workload.turns)
     short_turns: set[int] = set()
+    clipped = 0
     for conversation in range(conversations):
         history = prefix_blocks * CHUNK  # tokens so far
         blocks = list(prefix)
         for turn in range(workload.turns):
             out = workload.output_tokens.draw(rng, context)
             new_in = workload.input_tokens.draw(rng, context - history - out)
+            room = context - history - out
+            if turn == 0 and new_in > room >= workload.input_tokens.smallest(room):
+                clipped += 1  # the distribution's tail past this engine's context is cut
+                new_in = room
             length = history + new_in
             if length + out > context:
                 if turn == 0:
@@ -195,6 +205,9 @@ def trace_for(name: str, workload: Workload, *, context: int, seed: int,
                 timestamp=turn * workload.think_time_s, input_length=length, output_length=out,
                 hash_ids=blocks[:need])))
             history = length + out
+    if clipped and notes is not None:
+        notes.append(f"{name}: {clipped} prompts shortened to fit the engine's context of "
+                     f"{context} (the length distribution's tail is longer)")
     if short_turns and notes is not None:
         notes.append(f"{name}: some conversations end after {min(short_turns)} of "
                      f"{workload.turns} turns (their history fills the context of {context})")

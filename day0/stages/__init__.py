@@ -34,8 +34,8 @@ A stage is a module (usually a package ``day0/stages/<name>/``) exposing:
                     report.json (``--out`` and the published run), e.g. per-item outputs
                     as JSONL; given the whole result (not the evidence)
 ``EXCLUSIVE``       True when it measures time: it runs in a wave of its own after every
-                    other stage (nothing else loads the machine or the engine meanwhile);
-                    default False
+                    other stage (nothing else loads the machine or the engine meanwhile),
+                    and is never cached (it measures the machine as it is now); default False
 ``check_gates``     optional ``check_gates(config: dict, gates: list[Gate]) -> list[Problem]``:
                     before any stage runs, what is wrong with the gates on its metrics given
                     its config (a paired gate its items cannot power): exit 2

@@ -51,8 +51,9 @@ def test_validate_in_containers_matches_process_runner(prefect_server, docker_cl
         assert stage["ran_in"].startswith(f"docker:{DAY0_IMAGE}:"), (name, stage)
         assert in_process["stages"][name]["ran_in"] == "process"
     assert set(in_docker["metrics"]) == set(in_process["metrics"])
+    # the same numbers; only the kernel profile's timings are the machine's at that moment
     differ = {k: (v, in_docker["metrics"][k]) for k, v in in_process["metrics"].items()
-              if not same(v, in_docker["metrics"][k])}
+              if not same(v, in_docker["metrics"][k]) and not k.startswith("performance.")}
     assert not differ
     assert [g["passed"] for g in in_docker["gates"]] == [g["passed"] for g in in_process["gates"]]
     assert not leftovers(docker_client)
@@ -69,15 +70,16 @@ def broken_image(docker_client):
     docker_client.images.remove(BROKEN_IMAGE, force=True)
 
 
-def _error_run(tmp_path, tfile):
-    report, _ = run_flow(MODELS / "tiny-llama", tfile, use_cache=False)
+def _error_run(tmp_path, tfile, stages=None):
+    report, _ = run_flow(MODELS / "tiny-llama", tfile, use_cache=False, stages=stages)
     assert report["verdict"] == "ERROR", report["errors"]
     return {name: s for name, s in report["stages"].items() if not s["ok"]}
 
 
 @pytest.mark.slow
 def test_oom_killed_stage_is_reported_as_oom(prefect_server, docker_client, tmp_path):
-    failed = _error_run(tmp_path, docker_target(tmp_path, "hog_memory.py", memory_limit_gib=1.5))
+    failed = _error_run(tmp_path, docker_target(tmp_path, "hog_memory.py", memory_limit_gib=1.5),
+                        stages=["scan", "alignment"])
     assert {"scan", "alignment"} <= set(failed)  # the plugin runs in both; analysis does not load it
     for stage in failed.values():
         assert stage["failure"] == "oom" and "OOM-killed" in stage["error"], stage
@@ -87,7 +89,9 @@ def test_oom_killed_stage_is_reported_as_oom(prefect_server, docker_client, tmp_
 
 @pytest.mark.slow
 def test_hanging_stage_is_killed_at_its_timeout(prefect_server, docker_client, tmp_path):
-    failed = _error_run(tmp_path, docker_target(tmp_path, "hang.py", timeout_s=40))
+    # the two stages that load the target (every one would hang: one wave of them is enough)
+    failed = _error_run(tmp_path, docker_target(tmp_path, "hang.py", timeout_s=40),
+                        stages=["scan", "alignment"])
     assert {"scan", "alignment"} <= set(failed)
     for stage in failed.values():
         assert stage["failure"] == "timeout" and "timeout of 40 s" in stage["error"], stage

@@ -8,9 +8,14 @@ exact token counts. Figures follow vLLM's definitions: TTFT, TPOT, ITL and end-t
 (p50/p90/p99), request and output-token throughput, goodput under the workload's SLOs, failed
 requests.
 
+Device (in-process PyTorch) targets get the same workloads as a kernel-level profile
+(:mod:`day0.stages.performance.kernel`): prefill tokens/s and decode ms/token at batch 1 and 8,
+compared with their baseline like load runs.
+
 What it proves: the engine serves each workload within the gates' SLOs, without failed or empty
-requests. What it needs: an engine target and its endpoint, the checkpoint's tokenizer, the
-engine venv (the load generator). Runs after analysis; reads no other stage's result.
+requests, and neither it nor a device target's kernels got slower than the promoted baseline.
+What it needs: an engine target and its endpoint, the checkpoint's tokenizer, the engine venv
+(the load generator); or a device target. Runs after analysis; reads no other stage's result.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from day0.stages.performance.result import Config, Result
 
 REQUIRES: tuple[str, ...] = ()
 AFTER = ("analysis",)
-TARGET_KINDS = ("engine",)
+TARGET_KINDS = ("engine", "torch")
 USES_ENDPOINT = True
 EXCLUSIVE = True
 

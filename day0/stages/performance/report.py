@@ -11,7 +11,24 @@ HEAD = ["run", "requests", "failed", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "ITL 
         "E2EL p99 ms", "req/s", "out tok/s", "goodput"]
 
 
+KERNEL_HEAD = ["run", "batch", "prompt tokens", "decode steps", "repeats", "prefill tok/s",
+               "decode ms/token", "prefill ms p50/p90"]
+
+
+def _kernel(result: dict) -> bool:
+    return any(r.get("batch") is not None for r in result.get("runs", []))
+
+
+def _kernel_rows(result: dict) -> list[list]:
+    return [[r["run"], r["batch"], r["prompt_tokens"], r["decode_steps"], r["requests"],
+             cell(r["prefill_tokens_per_s"]), cell(r["decode_ms_per_token"]),
+             f"{cell(r['ttft_p50_ms'])} / {cell(r['ttft_p90_ms'])}"]
+            for r in result.get("runs", [])]
+
+
 def _rows(result: dict) -> list[list]:
+    if _kernel(result):
+        return _kernel_rows(result)
     rows = []
     for r in result.get("runs", []):
         if r.get("error"):
@@ -30,11 +47,12 @@ def _rows(result: dict) -> list[list]:
 
 def markdown(result: dict, gates: list | None = None) -> str:
     try:
+        head = KERNEL_HEAD if _kernel(result) else HEAD
         lines = ["## Performance", "",
                  f"Load generator: {result['load_generator']} against {result['endpoint']} "
                  f"(context {result['context']} tokens). Definitions: {result['definitions']}. "
                  f"Per-request figures: performance/requests.jsonl next to report.json.", "",
-                 table(HEAD, _rows(result))]
+                 table(head, _rows(result))]
         lines += ["", *notes_and_findings(result.get("notes", []), findings(result))]
         return "\n".join(lines) + "\n"
     except (KeyError, TypeError):
@@ -42,6 +60,10 @@ def markdown(result: dict, gates: list | None = None) -> str:
 
 
 def tables(result: dict) -> dict:
+    if _kernel(result):
+        rows = [dict(zip(KERNEL_HEAD, row)) for row in _rows(result)]
+        return {"performance": ("Kernel profile per workload and batch: prefill tokens/s, "
+                                "decode ms/token", rows)} if rows else {}
     rows = [dict(zip(HEAD, row)) for row in _rows(result)]
     return {"performance": ("Per workload and load level: vLLM's latency percentiles and "
                             "throughput", rows)} if rows else {}
@@ -87,6 +109,8 @@ def plots(result: dict) -> dict[str, bytes]:
     runs = [r for r in result.get("runs", []) if not r.get("error")]
     if not requests or not runs:
         return {}
+    if _kernel(result):
+        return _kernel_plots(runs)
     out = {}
     workloads = list(dict.fromkeys(r["workload"] for r in runs))
     fig = drawing.figure(width=4.0 * len(workloads), height=3.6)
@@ -116,3 +140,22 @@ def plots(result: dict) -> dict[str, bytes]:
     left.legend(fontsize=7)
     out["latency-by-level"] = drawing.png(fig)
     return out
+
+
+def _kernel_plots(runs: list[dict]) -> dict[str, bytes]:
+    """Prefill tokens/s and decode ms/token against the batch size, one line per workload."""
+    from day0 import plots as drawing
+
+    fig = drawing.figure(width=7.5, height=3.6)
+    left, right = fig.subplots(1, 2)
+    for name in dict.fromkeys(r["workload"] for r in runs):
+        mine = [r for r in runs if r["workload"] == name]
+        x = [r["batch"] for r in mine]
+        left.plot(x, [drawing.number(r["prefill_tokens_per_s"]) for r in mine], "o-", label=name)
+        right.plot(x, [drawing.number(r["decode_ms_per_token"]) for r in mine], "o-", label=name)
+    left.set_title("prefill tokens/s by batch")
+    right.set_title("decode ms/token by batch")
+    left.set_xlabel("batch")
+    right.set_xlabel("batch")
+    left.legend(fontsize=7)
+    return {"kernel-by-batch": drawing.png(fig)}

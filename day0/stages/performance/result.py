@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from day0.contract import Row, StageResult
@@ -41,7 +43,30 @@ class Config(BaseModel):
     resolution_ms: float = Field(1.0, gt=0, description=(
         "Latencies below this count as this much in baseline ratios (streaming granularity: "
         "a tiny model's tokens can arrive in one burst)."))
+    warmups_per_slot: int = Field(2, ge=0, le=64, description=(
+        "Unmeasured warm-up requests per concurrency slot before each run (a fresh engine's "
+        "first requests are not what it serves later)."))
+    confirm_above: float = Field(1.3, gt=1, description=(
+        "A run whose slowdown's lower bound (any latency) exceeds this is measured again at "
+        "once, and the less slow attempt counts: a regression must reproduce, a one-off stall "
+        "of a shared machine does not fail a release."))
+    confirm_attempts: int = Field(2, ge=0, le=5, description=(
+        "Extra attempts of a run that looks slower than its baseline (0: no confirmation)."))
+    confirm_kinds: list[Literal["ttft", "tpot", "e2el"]] = Field(
+        default_factory=lambda: ["tpot", "e2el"], description=(
+            "Latencies whose slowdown triggers a confirmation (those gated as errors; TTFT "
+            "scatters on CPU engines, see README)."))
     resamples: int = Field(2000, ge=200, le=100_000, description="Bootstrap resamples.")
+    kernel_batches: list[int] = Field(default_factory=lambda: [1, 8], min_length=1, description=(
+        "Device (in-process) targets: batch sizes of the kernel profile."))
+    kernel_repeats: int = Field(5, ge=2, le=100, description=(
+        "Device targets: measured repeats per workload and batch (after one warm-up)."))
+    kernel_decode_steps: int = Field(16, ge=1, le=1024, description=(
+        "Device targets: decode steps per repeat (at most the workload's median output)."))
+    kernel_max_tokens: int = Field(2048, ge=1, description=(
+        "Device targets: prompt tokens per prefill forward (batch x prompt) at most; longer "
+        "prompts are cut, with a note (a CPU target's long documents at batch 8 would take "
+        "minutes a repeat)."))
     client_bound_share: float = Field(0.8, gt=0, le=64, description=(
         "A run is flagged client-bound when the load generator kept this many cores busy "
         "(its figures then measure the client as much as the engine; bench/bench_loadgen.py "
@@ -83,6 +108,13 @@ class RunRow(Row):
     client_cpu_share: float | None = Field(None, description=(
         "Cores the load generator kept busy during this run (1.0: one core)."))
     client_bound: bool = Field(False, description="Figures near the client's own ceiling.")
+    batch: int | None = Field(None, description="Kernel profile (device targets): batch size.")
+    prompt_tokens: int | None = Field(None, description="Kernel profile: prompt per sequence.")
+    decode_steps: int | None = Field(None, description="Kernel profile: decode steps a repeat.")
+    prefill_tokens_per_s: float | None = Field(None, description=(
+        "Kernel profile: batch x prompt tokens / prefill time (median over repeats)."))
+    decode_ms_per_token: float | None = Field(None, description=(
+        "Kernel profile: one decode step (a token for every sequence), median over repeats."))
 
 
 class Request(BaseModel):
@@ -118,6 +150,9 @@ class Result(StageResult):
     promoted_to: str | None = Field(None, description="This run was promoted: the baseline URI.")
     inapplicable: dict[str, str] = Field(default_factory=dict, description=(
         "Metric prefix -> why its gates do not apply (no baseline to compare with)."))
+    attempts: dict[str, list[float | None]] = Field(default_factory=dict, description=(
+        "Runs measured again to confirm a slowdown: per run each attempt's largest "
+        "slowdown lower bound (the least slow attempt's figures are reported)."))
     client_wall_s: float = 0.0
     client_cpu_s: float = 0.0
     notes: list[str] = Field(default_factory=list)
@@ -138,6 +173,10 @@ class Result(StageResult):
             "performance.client_bound_runs": float(sum(r.client_bound for r in self.runs)),
         }
         for name, row in self._gated().items():
+            if row.batch is not None:  # a device target's kernel profile: its own figures
+                m[f"performance.{name}.prefill_tokens_per_s"] = row.prefill_tokens_per_s
+                m[f"performance.{name}.decode_ms_per_token"] = row.decode_ms_per_token
+                continue
             for lat in LATENCIES:
                 for q in QUANTILES:
                     m[f"performance.{name}.{lat}_{q}_ms"] = getattr(row, f"{lat}_{q}_ms")
@@ -145,8 +184,14 @@ class Result(StageResult):
             m[f"performance.{name}.output_throughput"] = row.output_throughput
             if row.goodput_fraction is not None:
                 m[f"performance.{name}.goodput_fraction"] = row.goodput_fraction
+        kernel = {r.run for r in self.runs if r.batch is not None}
         for slow in self.slowdowns:  # per workload its worst level
-            key = f"performance.baseline.{slow.workload}.{slow.kind}_slowdown"
+            kind = slow.kind
+            if slow.run in kernel:  # prefill and decode; the sum of both adds nothing
+                if kind == "e2el":
+                    continue
+                kind = {"ttft": "prefill", "tpot": "decode"}[kind]
+            key = f"performance.baseline.{slow.workload}.{kind}_slowdown"
             if slow.low is not None and (m.get(key) is None or slow.low > m[key]):
                 m[key] = slow.low
         return m
