@@ -20,6 +20,7 @@ from typing import Callable
 from pydantic import BaseModel, ConfigDict, Field
 
 from day0.engines.settings import Endpoint
+from day0.memory import peak_rss_bytes, reset_peak_rss
 from day0.targets import REFERENCE, Target
 
 
@@ -65,15 +66,20 @@ class StageResult(BaseModel):
 
 class Laps:
     """A stage's phase timings for its Result: ``lap(name)`` records the seconds since the
-    previous lap (or since construction)."""
+    previous lap (or since construction), and the phase's peak resident memory in MiB (Linux;
+    elsewhere the peak since the process started)."""
 
     def __init__(self) -> None:
         self.timings: dict[str, float] = {}
+        self.peak_rss_mib: dict[str, float] = {}
         self._clock = time.monotonic()
+        reset_peak_rss()
 
     def lap(self, name: str) -> None:
         now = time.monotonic()
         self.timings[name] = round(now - self._clock, 3)
+        self.peak_rss_mib[name] = round(peak_rss_bytes() / 2**20, 1)
+        reset_peak_rss()
         self._clock = now
 
 

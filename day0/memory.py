@@ -36,6 +36,36 @@ def peak_rss_bytes() -> int:
     return maxrss if sys.platform == "darwin" else maxrss * 1024   # bytes on macOS, KiB elsewhere
 
 
+def available_bytes() -> float | None:
+    """Memory a new allocation can get now: MemAvailable, or this cgroup's limit when lower
+    (Linux); None where unknown."""
+    available = None
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    available = float(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit.isdigit():
+            available = min(available or float("inf"), float(limit))
+    except OSError:
+        pass
+    return available
+
+
+def reset_peak_rss() -> bool:
+    """Start a new peak (Linux: VmHWM is reset to the current RSS); False where unsupported."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def group_rss_bytes(pgid: int) -> int:
     """Resident memory of every process in process group pgid (a stage and the children it
     started); without /proc, the leader's alone."""

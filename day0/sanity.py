@@ -133,6 +133,32 @@ class _Stats:
     percentile_abs: float = 0.0
 
 
+class _Handle:
+    """safe_open's get_tensor/get_slice over byte-range reads: a memory map would keep every
+    page read resident (and counted in RSS) until the file closes."""
+
+    def __init__(self, store):
+        self.store = store
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.store.close()
+        return False
+
+    def get_tensor(self, name: str):
+        return self.store.read(name)
+
+    def get_slice(self, name: str):
+        store, rows = self.store, self.store.shape(name)[0]
+
+        class _Rows:
+            def __getitem__(self, index: slice):
+                return store.read(name, rows=(index.start, min(index.stop, rows)))
+        return _Rows()
+
+
 def _chunks(handle, name: str, shape: list[int]):
     """The tensor whole, or in row slices of at most chunk_elements (each reads only its bytes,
     so memory stays bounded on a huge embedding)."""
@@ -209,10 +235,11 @@ def check_weights(source: str) -> list[str]:
     files are exactly those day0.checkpoint reads, so what is checked is what the stages load;
     a checkpoint whose structure is broken raises that CheckpointError instead.
     """
-    from safetensors import safe_open
+    from day0.torchkit.weights import WeightStore
 
     lim = limits().weights
     ckpt = read_checkpoint(source, check_config=False)
+    store = WeightStore(source, tensors=ckpt.tensors)
     by_file: dict[str, list] = defaultdict(list)
     for info in ckpt.tensors.values():
         by_file[info.file].append(info)
@@ -222,7 +249,7 @@ def check_weights(source: str) -> list[str]:
     for f, (file, infos) in enumerate(sorted(by_file.items())):
         infos.sort(key=lambda t: t.data_offsets)
         found: dict[str, _Stats] = {}
-        with safe_open(ckpt.location(file), framework="pt") as handle:
+        with _Handle(store) as handle:
             for info in infos:
                 progress.update("weights", checked, total,
                                 detail=f"tensors checked, file {f + 1}/{len(by_file)}")

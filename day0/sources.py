@@ -123,12 +123,16 @@ def _fetch_blob(client, bucket: str, info: ObjectInfo, blobs: Path) -> bool:
     return True
 
 
-def materialize(source: str, *, client=None, log=None) -> Materialized:
-    """Local folder with every needed object of an s3:// checkpoint, downloaded shard by shard."""
+def materialize(source: str, *, client=None, log=None, weights: bool = True) -> Materialized:
+    """Local folder with every needed object of an s3:// checkpoint, downloaded shard by shard.
+    weights=False: everything but the safetensors shards (config, tokenizer, texts), for a
+    stage that reads the shards by ranged GETs (streamed alignment)."""
     started = time.monotonic()
     client = client or s3_client()
     folder, objects = checkpoint_objects(source, client=client)
     objects = wanted_objects(objects)
+    if not weights:
+        objects = {n: o for n, o in objects.items() if not n.endswith(".safetensors")}
     root = cache_root()
     blobs, snapshots = root / "blobs", root / "snapshots"
     blobs.mkdir(parents=True, exist_ok=True)
@@ -168,13 +172,13 @@ def _link_snapshot(path: Path, bucket: str, objects: dict[str, ObjectInfo]) -> N
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def local_checkpoint(source: str, *, log=None) -> str:
+def local_checkpoint(source: str, *, log=None, weights: bool = True) -> str:
     """source itself when local; the materialized snapshot folder for s3:// (safe to call from
     several threads or processes at once: blobs are fetched under a file lock, the snapshot
-    folder is renamed into place)."""
+    folder is renamed into place). weights=False leaves the shards on the store."""
     if not is_s3(source):
         return source
-    return str(materialize(source, log=log).path)
+    return str(materialize(source, log=log, weights=weights).path)
 
 
 __all__ = ["Materialized", "materialize", "local_checkpoint", "cache_root",

@@ -359,3 +359,26 @@ def test_plan_replicates_kv_beyond_kv_heads_and_reports_misfit():
     assert p.tp == 8 and p.per_card_bytes["kv"] == 4 * GIB and "replicated" in p.rationale
     p = _plan(weights=10_000 * GIB)
     assert not p.fits and "usable" in p.reason and p.min_cards > 16
+
+
+def test_reference_estimate_resident_vs_streamed(llama8b, deepseek):
+    """Before anything runs: the float32 reference and bf16 control of Llama-3.1-8B need 58 GiB
+    resident; streamed, the largest layer (218 M parameters) and one window's activations."""
+    from day0.stages.analysis.reference import estimate
+
+    e = llama8b.reference
+    assert e.resident_gib == pytest.approx(8_030_261_248 * (4 + 2) * 1.3 / GIB, rel=1e-3)
+    assert e.largest_layer_params == 218_112_000  # attention 42 M + MLP 176 M + 2 norms
+    assert 3 < e.streamed_peak_gib < 8 and e.pass_seconds > 0
+    assert e.mode == ("resident" if e.available_gib and e.available_gib >= e.resident_gib
+                      else "streamed")
+    # DeepSeek-V3: the dense layers are the largest; one expert group on top
+    d = deepseek.reference
+    assert d.largest_layer_params > 500_000_000 and d.streamed_peak_gib < 16
+    assert d.resident_gib > 4000
+    tensors = [("model.layers.0.mlp.weight", (1000, 1000))]
+    small = estimate(tensors, active_params=10**6, hidden=1000, vocab=1000,
+                     target_dtype="bfloat16", intermediate=None, available_gib=64.0)
+    big = estimate(tensors, active_params=10**6, hidden=1000, vocab=1000,
+                   target_dtype="bfloat16", intermediate=None, available_gib=0.001)
+    assert (small.mode, big.mode) == ("resident", "streamed")

@@ -10,6 +10,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from day0.stages.alignment import generation as gen
+from day0.stages.alignment import streamed as stream
 from day0.stages.alignment.engine import MemoSide, Side, evaluate
 from day0.stages.alignment.layers import LayerRow, RouterRow
 from day0.stages.alignment.logits import BucketRow, bucket_bounds
@@ -69,6 +70,12 @@ class Config(BaseModel):
     new_tokens: int = Field(32, ge=1, description="Tokens generated per prompt.")
     tolerance_file: str | None = Field(None, description=(
         "Tolerances YAML replacing day0/data/tolerances.yaml (same schema)."))
+    streaming: Literal["auto", "on", "off"] = Field("auto", description=(
+        "Run reference, control and an in-process target layer by layer, each layer's weights "
+        "read from the shards when needed (peak memory: about one layer, not the model). "
+        "'auto': stream when the resident copies would not fit in the available memory."))
+    expert_group_gib: float = Field(1.0, gt=0, description=(
+        "Streaming: MoE experts routed to are read this many GiB at a time."))
 
 
 class Result(StageResult):
@@ -126,6 +133,10 @@ class Result(StageResult):
     nonfinite: int = Field(description="Non-finite values in target logits and hidden states.")
     notes: list[str] = Field(default_factory=list, description="What limited the evaluation.")
     timings: dict[str, float] = Field(default_factory=dict, description="Seconds per part.")
+    peak_rss_mib: dict[str, float] = Field(default_factory=dict, description=(
+        "Peak resident memory per part, MiB (the stage process's own)."))
+    streamed: bool = Field(False, description=(
+        "Reference, control and target ran layer by layer from the shards."))
 
     def comparison(self, metric: str) -> Comparison | None:
         return next((c for c in self.comparisons if c.metric == metric), None)
@@ -223,10 +234,16 @@ def run(config: Config, inputs: StageInputs, *, memo: Memo | None = None) -> Res
     progress.plan({"weights": 1, "models": 1, "ops": 1, "windows": 6, "generation": 1})
     tolerances = load_tolerances(config.tolerance_file)
     source_name = inputs.source
-    # s3:// sources: streamed shard by shard into the local cache (unchanged ETags: no download)
-    inputs = inputs.model_copy(update={"source": local_checkpoint(inputs.source, log=print)})
+    same = _is_control(target, reference)
+    sides = 1 + (target.dtype != reference.dtype) + (not same)
+    streamed = _streaming(config, source_name, target, reference, sides)
+    # s3:// sources: fetched shard by shard into the local cache (unchanged ETags: no download);
+    # streamed, the shards stay on the store and each tensor is a ranged GET when needed
+    inputs = inputs.model_copy(update={"source": local_checkpoint(
+        inputs.source, log=print, weights=not streamed)})
+    weights_source = source_name if streamed else inputs.source
     lap("fetch")
-    check_source(inputs.source)  # a hostile config.json is refused before any weight is read
+    check_source(weights_source)  # a hostile config.json is refused before any weight is read
     if target.dtype not in tolerances.ops.tolerances or \
             target.dtype not in tolerances.control.floors.layer_rel_error:
         raise ConfigError(f"no tolerances for dtype {target.dtype}",
@@ -237,7 +254,7 @@ def run(config: Config, inputs: StageInputs, *, memo: Memo | None = None) -> Res
     if config.check_weights:
         from day0 import sanity
 
-        problems += sanity.check_weights(inputs.source)
+        problems += sanity.check_weights(weights_source)
         lap("weights")
     text_path = resolve_text_file(config.text_file, inputs.source)
     text = read_text(text_path)
@@ -248,29 +265,16 @@ def run(config: Config, inputs: StageInputs, *, memo: Memo | None = None) -> Res
                                trust_remote_code=inputs.trust_remote_code)
 
     control_profile = reference.model_copy(update={"dtype": target.dtype})
-    same = _is_control(target, reference)
-    sides = 1 + (target.dtype != reference.dtype) + (not same)
-    progress.update("models", 0, sides, detail="loading the reference")
-    if memo is None:
-        ref_side = Side("reference", load(reference), reference.device)
+    if streamed:
+        ref_side, ctl_side, tgt_side = stream.load_sides(
+            inputs.model_copy(update={"source": weights_source}), reference, control_profile,
+            None if same else target, int(config.expert_group_gib * 2**30))
+        ref, ctl = ref_side.model, ctl_side.model
+        tgt = tgt_side.model if tgt_side else None
     else:
-        ref_side = memo.side("reference", inputs.source, reference.device, reference.dtype,
-                             lambda: load(reference))
-    progress.update("models", 1, sides, detail="reference loaded")
-    if target.dtype == reference.dtype:  # the control at the reference's dtype IS the reference
-        ctl_side = ref_side
-    elif memo is None:
-        ctl_side = Side("control", load(control_profile), reference.device)
-    else:
-        ctl_side = memo.side("control", inputs.source, reference.device, target.dtype,
-                             lambda: load(control_profile))
-    if ctl_side is not ref_side:
-        progress.update("models", 2, sides, detail="control loaded")
-    ref, ctl = ref_side.model, ctl_side.model
-    tgt = None if same else load(target)
-    if tgt is not None:
-        apply_plugins(tgt, target.plugins)
-        progress.update("models", sides, sides, detail="target loaded")
+        ref_side, ctl_side, tgt = _load_resident(inputs, reference, control_profile, target,
+                                                 same, sides, memo, load)
+        ref, ctl = ref_side.model, ctl_side.model
     lap("load")
 
     notes: list[str] = []
@@ -298,9 +302,14 @@ def run(config: Config, inputs: StageInputs, *, memo: Memo | None = None) -> Res
         lap("ops")
 
     n_buckets = min(config.position_buckets, span)
-    evidence = evaluate(wins, ref_side, ctl_side,
-                        None if same else Side("target", tgt, target.device, target.plugins),
-                        span=span, n_buckets=n_buckets, chunk=config.chunk_tokens)
+    if streamed:
+        notes.append(stream.NOTE)
+        evidence = stream.evaluate_streamed(wins, ref_side, ctl_side, tgt_side, span=span,
+                                            n_buckets=n_buckets, logit_chunk=config.chunk_tokens)
+    else:
+        evidence = evaluate(wins, ref_side, ctl_side,
+                            None if same else Side("target", tgt, target.device, target.plugins),
+                            span=span, n_buckets=n_buckets, chunk=config.chunk_tokens)
     lap("windows")
 
     result = _summarize(config, evidence, tolerances, target, span, n_buckets)
@@ -310,8 +319,9 @@ def run(config: Config, inputs: StageInputs, *, memo: Memo | None = None) -> Res
         problems += _perplexity_check(result["perplexity_reference"], ref.config, source_name,
                                       inputs, text, seq_len, len(wins), bool(problems))
 
+    greedy = (stream.streamed_greedy if streamed else memo.greedy if memo else gen.greedy)
     gen_rows = _generation(config, ids, prefix, tokenizer, ref, ctl, tgt, reference.device,
-                           target, memo.greedy if memo else gen.greedy)
+                           target, greedy, stream.streamed_greedy if streamed else gen.greedy)
     lap("generation")
     covered = int(evidence.column("position_of").max()) + 1 if result["positions"] else 0
     return Result(
@@ -322,6 +332,7 @@ def run(config: Config, inputs: StageInputs, *, memo: Memo | None = None) -> Res
         max_position_embeddings=max_pos,
         covered_fraction=covered / max_pos if max_pos else None, windows=len(wins),
         ops=op_rows, generation=gen_rows, notes=notes, timings=laps.timings,
+        peak_rss_mib=laps.peak_rss_mib, streamed=streamed,
         checkpoint_problems=problems, **result)
 
 
@@ -388,6 +399,39 @@ def _summarize(config: Config, evidence, tolerances, target, span: int, n_bucket
         nonfinite=summary["nonfinite"] + sum(r.nonfinite for r in layer_rows))
 
 
+def _load_resident(inputs, reference, control_profile, target, same: bool, sides: int, memo,
+                   load) -> tuple:
+    """Reference, control (the reference itself at the same dtype) and target, in memory."""
+    progress.update("models", 0, sides, detail="loading the reference")
+    if memo is None:
+        ref_side = Side("reference", load(reference), reference.device)
+    else:
+        ref_side = memo.side("reference", inputs.source, reference.device, reference.dtype,
+                             lambda: load(reference))
+    progress.update("models", 1, sides, detail="reference loaded")
+    if target.dtype == reference.dtype:  # the control at the reference's dtype IS the reference
+        ctl_side = ref_side
+    elif memo is None:
+        ctl_side = Side("control", load(control_profile), reference.device)
+    else:
+        ctl_side = memo.side("control", inputs.source, reference.device, target.dtype,
+                             lambda: load(control_profile))
+    if ctl_side is not ref_side:
+        progress.update("models", 2, sides, detail="control loaded")
+    tgt = None if same else load(target)
+    if tgt is not None:
+        apply_plugins(tgt, target.plugins)
+        progress.update("models", sides, sides, detail="target loaded")
+    return ref_side, ctl_side, tgt
+
+
+def _streaming(config: Config, source: str, target, reference, sides: int) -> bool:
+    """Whether to stream: as configured, or (auto) when the resident copies do not fit."""
+    if config.streaming != "auto":
+        return config.streaming == "on"
+    return not stream.resident_fits(source, [reference.dtype, target.dtype, target.dtype][:sides])
+
+
 def _perplexity_check(ppl_ref: float, model_config, source: str, inputs: StageInputs, text: str,
                       seq_len: int, n_windows: int, already_broken: bool) -> list[str]:
     """The reference perplexity must be far from a uniform guess and near the score this
@@ -408,7 +452,7 @@ def _perplexity_check(ppl_ref: float, model_config, source: str, inputs: StageIn
 
 
 def _generation(config: Config, ids, prefix, tokenizer, ref, ctl, tgt, ref_device: str, target,
-                greedy=gen.greedy) -> list[gen.GenerationRow]:
+                greedy=gen.greedy, target_greedy=gen.greedy) -> list[gen.GenerationRow]:
     from transformers.utils import logging as hf_logging
 
     if not config.generation_prompts:
@@ -430,8 +474,8 @@ def _generation(config: Config, ids, prefix, tokenizer, ref, ctl, tgt, ref_devic
         if ctl is not ref:
             progress.update("generation", 2, sides, detail=f"{what}: control done")
         try:
-            tgts = ctls if tgt is None else gen.greedy(tgt, batch, config.new_tokens,
-                                                       target.device, pad)
+            tgts = ctls if tgt is None else target_greedy(tgt, batch, config.new_tokens,
+                                                          target.device, pad)
             if tgt is not None:
                 progress.update("generation", sides, sides, detail=f"{what}: target done")
         except Exception as exc:

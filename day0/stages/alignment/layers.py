@@ -149,24 +149,32 @@ class LayerAccumulator:
 
     def add(self, ref: list, ctl: list, tgt: list, scored: torch.Tensor) -> None:
         """One chunk of one window: hidden states per layer; scored: [seq] bool mask."""
-        n = int(scored.sum())
-        err_t = torch.full((n, self.n_layers), math.nan, dtype=torch.float64)
-        err_c = err_t.clone()
+        slot = self.open(scored)
         for i, (r, c, t) in enumerate(zip(ref, ctl, tgt)):
-            if r is None or t is None or c is None or r.shape != t.shape or r.shape != c.shape:
-                self.missing.add(i)
-                continue
-            diff = t.double() - r.double()
-            r2 = self._per_position(r, scored).clamp(min=1e-300)
-            err_t[:, i] = (self._per_position(diff, scored) / r2).sqrt()
-            err_c[:, i] = (self._per_position(c.double() - r.double(), scored) / r2).sqrt()
-            sel = diff.reshape(-1, r.shape[-2], r.shape[-1])[:, scored]
-            m = sel.abs().max().item() if sel.numel() else 0.0
-            if math.isnan(m) or m > self.max_abs[i]:  # a NaN, once seen, is kept
-                self.max_abs[i] = m
-            self.nonfinite[i] += int((~torch.isfinite(t)).sum())
-        self.err_t.append(err_t)
-        self.err_c.append(err_c)
+            self.fill(slot, i, r, c, t, scored)
+
+    def open(self, scored: torch.Tensor) -> int:
+        """A slot for one chunk's scored positions, every layer unknown (NaN) until filled;
+        the streamed path fills it one layer at a time."""
+        n = int(scored.sum())
+        self.err_t.append(torch.full((n, self.n_layers), math.nan, dtype=torch.float64))
+        self.err_c.append(self.err_t[-1].clone())
+        return len(self.err_t) - 1
+
+    def fill(self, slot: int, i: int, r, c, t, scored: torch.Tensor) -> None:
+        """Layer i of the chunk in ``slot``: reference, control and target hidden states."""
+        if r is None or t is None or c is None or r.shape != t.shape or r.shape != c.shape:
+            self.missing.add(i)
+            return
+        diff = t.double() - r.double()
+        r2 = self._per_position(r, scored).clamp(min=1e-300)
+        self.err_t[slot][:, i] = (self._per_position(diff, scored) / r2).sqrt()
+        self.err_c[slot][:, i] = (self._per_position(c.double() - r.double(), scored) / r2).sqrt()
+        sel = diff.reshape(-1, r.shape[-2], r.shape[-1])[:, scored]
+        m = sel.abs().max().item() if sel.numel() else 0.0
+        if math.isnan(m) or m > self.max_abs[i]:  # a NaN, once seen, is kept
+            self.max_abs[i] = m
+        self.nonfinite[i] += int((~torch.isfinite(t)).sum())
 
     def rows(self, blocks: Blocks, n_buckets: int, floor: float, bound: float) -> list[LayerRow]:
         err_t, err_c = torch.cat(self.err_t), torch.cat(self.err_c)

@@ -30,6 +30,7 @@ from day0.stages.analysis.model import (DTYPES, Attention, MoE, Params, Rope, at
                                  cfg_alias, count_params, kv_cache, layer_split, moe_facts,
                                  rope_facts, weights_bytes)
 from day0.stages.analysis.plan import GIB, Plan, make_plan
+from day0.stages.analysis.reference import ReferenceEstimate, available_gib, estimate
 from day0.stages.analysis.risks import Risk, collect_risks
 from day0.checkpoint import Checkpoint, read_checkpoint
 from day0.contract import StageInputs, StageResult
@@ -107,6 +108,9 @@ class Result(StageResult):
     plan: Plan
     risks: list[Risk]
     checkpoint: CheckpointInfo
+    reference: ReferenceEstimate | None = Field(None, description=(
+        "The alignment stage's reference and control on this host: resident or streamed, "
+        "peak memory and time, estimated before anything runs."))
     wall_s: float = Field(description="Seconds the analysis took.")
 
     def metrics(self) -> dict[str, float | None]:
@@ -181,6 +185,10 @@ def run(config: Config, inputs: StageInputs) -> Result:
                   attention=attention, moe=moe, rope=rope_facts(c, raw), max_context=max_context,
                   params=params, memory=memory, kv_cache=KVCache(**kv), plan=plan, risks=risks,
                   checkpoint=CheckpointInfo(**ckpt.summary()),
+                  reference=estimate(tensors, active_params=params.active, hidden=hidden,
+                                     vocab=cfg(c, raw, "vocab_size"), target_dtype=target.dtype,
+                                     intermediate=getattr(c, "intermediate_size", None),
+                                     available_gib=available_gib()),
                   checkpoint_problems=header_problems(ckpt) if ckpt.has_weights else [],
                   wall_s=round(time.monotonic() - started, 3))
 
@@ -235,6 +243,13 @@ def summary_text(result: Result) -> str:
     lines.append("weights: " + ", ".join(f"{d} {_fmt_bytes(w[d])}" for d in DTYPES))
     lines.append(f"KV cache: {kv.bytes_per_token['bfloat16']:,} B/token bf16, "
                  f"{_fmt_bytes(kv.bytes_at_max_context['bfloat16'])} at {kv.max_context} tokens")
+    if r.reference:
+        e = r.reference
+        lines.append(f"alignment reference: resident {e.resident_gib:.3g} GiB"
+                     + (f" ({e.available_gib:g} GiB available)" if e.available_gib else "")
+                     + f" -> {e.mode}; streamed peak ~{e.streamed_peak_gib:g} GiB, "
+                     f"~{e.pass_seconds:g} s per pass over the weights, "
+                     f"~{e.seconds_per_1k_positions:g} s per 1000 positions (estimate)")
     lines.append(f"plan ({plan.cards} x {plan.card_memory_gib:g} GiB, {plan.cards_per_domain}/domain): "
                  + (f"TP={plan.tp} PP={plan.pp}" + (f" EP={plan.ep}" if plan.ep else "")
                     + (f" DP={plan.dp}" if plan.dp > 1 else "") if plan.fits else "DOES NOT FIT"))

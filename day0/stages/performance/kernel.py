@@ -81,6 +81,7 @@ def prepare(config: Config, inputs: StageInputs, file: wl.WorkloadFile, names: l
     sync = (torch.accelerator.synchronize if target.device != "cpu"
             and hasattr(torch, "accelerator") else (lambda: None))
     done, total = [0], [0]
+    cache_name = _cache_name(model)  # transformers 5.x: `cache`; earlier: past_key_values
     progress.plan({"measurements": 1})
 
     def measure(run_ids: list[str] | None = None) -> tuple[list[RunRow], list[Request]]:
@@ -96,7 +97,7 @@ def prepare(config: Config, inputs: StageInputs, file: wl.WorkloadFile, names: l
             ids = ids.to(target.device)
             timings = []
             for repeat in range(config.kernel_repeats + 1):
-                prefill_ms, total_ms = _once(model, ids, steps, sync, target)
+                prefill_ms, total_ms = _once(model, ids, steps, sync, target, cache_name)
                 if repeat:  # the first is the warm-up
                     timings.append((prefill_ms, total_ms))
             done[0] += 1
@@ -110,7 +111,7 @@ def prepare(config: Config, inputs: StageInputs, file: wl.WorkloadFile, names: l
     return measure, context
 
 
-def _once(model, ids, steps: int, sync, target) -> tuple[float, float]:
+def _once(model, ids, steps: int, sync, target, name: str) -> tuple[float, float]:
     """(prefill ms, prefill + decode ms) of one batch; a raising forward is the target's
     fault."""
     import torch
@@ -122,7 +123,6 @@ def _once(model, ids, steps: int, sync, target) -> tuple[float, float]:
             nxt = out.logits[:, -1:].argmax(-1)
             sync()
             prefilled = time.perf_counter()
-            name = _cache_name(model)  # transformers 5.x: `cache`; earlier: past_key_values
             past = getattr(out, name)
             for _ in range(steps):
                 out = model(input_ids=nxt, use_cache=True, **{name: past})
