@@ -32,7 +32,7 @@ def _hint(config: dict, target: str) -> str:
     return ""
 
 
-def _renamer(model):
+def renamer(model):
     """checkpoint name -> (model state_dict name, converter source pattern), as transformers loads."""
     state = model.state_dict()
     try:
@@ -60,7 +60,7 @@ def _renamer(model):
 def match_model(ckpt: Checkpoint, model, problems: list[Problem], *, check_missing: bool = True) -> None:
     """Compare tensor names and shapes with the meta model transformers builds from config.json."""
     config = ckpt.config
-    state, rename, converted = _renamer(model)
+    state, rename, converted = renamer(model)
     ckpt.model_class = type(model).__name__
     if not converted:
         ckpt.notes.append(Note("checkpoint_note", "info", "transformers' checkpoint-name conversions "

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -133,6 +134,7 @@ class StreamedModel:
                              "allocating the model", field="streaming",
                              fix="validate this model with streaming: off (resident)")
         self.store = weights or WeightStore(source)
+        self.sources = _checkpoint_names(model, self.store)  # model name -> checkpoint name
         self.expert_group_bytes, self.head_block_bytes = expert_group_bytes, head_block_bytes
         self.base = getattr(model, "model", model)
         self.layers = decoder_layers(model)
@@ -142,7 +144,7 @@ class StreamedModel:
         self.embed_name = names[id(self.embed)] + ".weight"
         self.head = model.get_output_embeddings()
         head_name = names[id(self.head)] + ".weight"
-        self.head_name = head_name if head_name in self.store else self.embed_name  # tied
+        self.head_name = head_name if head_name in self.sources else self.embed_name  # tied
         self.experts = {names[id(m)]: m for m in model.modules() if _is_experts(m)}
         for prefix, module in self.experts.items():
             module.forward = self._experts_forward(prefix, module)
@@ -183,15 +185,17 @@ class StreamedModel:
                 full = f"{prefix}{name}"
                 if full.startswith(skip):
                     continue
-                tensor = self.store.read(full, param.dtype).to(self.device)
+                tensor = self.store.read(self.sources.get(full, full), param.dtype)
+                tensor = tensor.to(self.device)
                 _set_param(module, name, tensor)
                 held += tensor.nbytes
             for name, buf in list(module.named_buffers()):
                 full = f"{prefix}{name}"
-                if full in self.store and buf is not None:
+                if full in self.sources and buf is not None:
                     owner, _, leaf = name.rpartition(".")
                     target = module.get_submodule(owner) if owner else module
-                    target._buffers[leaf] = self.store.read(full, buf.dtype).to(self.device)
+                    target._buffers[leaf] = self.store.read(self.sources[full], buf.dtype).to(
+                        self.device)
         return held
 
     def _prefix(self, module: torch.nn.Module) -> str:
@@ -225,7 +229,8 @@ class StreamedModel:
         ids = input_ids.to("cpu")
         with _unrecorded():
             present, local = torch.unique(ids, return_inverse=True)
-            rows = self.store.gather_rows(self.embed_name, present.tolist(),
+            rows = self.store.gather_rows(self.sources.get(self.embed_name, self.embed_name),
+                                          present.tolist(),
                                           self.embed.weight.dtype).to(self.device)
         batch = Batch(hidden=None)
         handles, forwards = [], []
@@ -279,25 +284,49 @@ class StreamedModel:
         batch.args[k], batch.kwargs[k] = (), {}  # this layer's masks are no longer needed
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Final norm and head of [batch, positions, hidden] at this model's dtype."""
+        """[batch, positions, vocab] from the last layer's output, by the model's own forward
+        after its layers (final norm, head, and whatever the class does to logits: softcapping,
+        logit scales), the head read in row blocks (all of that is per logit)."""
+        source = self.sources.get(self.head_name, self.head_name)
+        rows, width = self.store.shape(source)
+        block = max(1, self.head_block_bytes // (width * self.head.weight.element_size()))
+        bias = self.head._parameters.get("bias")
+        parts = []
         with torch.no_grad():
-            h = self.base.norm(hidden) if hasattr(self.base, "norm") else hidden
-            h = h[:, slice(0, None), :]  # as the CausalLM head keeps all positions (an alias)
-            rows, width = self.store.shape(self.head_name)
-            item = self.head.weight.element_size()
-            block = max(1, self.head_block_bytes // (width * item))
-            parts = []
             for a in range(0, rows, block):
+                b = min(rows, a + block)
                 with _unrecorded():
-                    w = self.store.read(self.head_name, self.head.weight.dtype,
-                                        rows=(a, min(rows, a + block))).to(self.device)
-                parts.append(F.linear(h, w))
-                del w
-            out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
-            cap = getattr(self.config, "final_logit_softcapping", None)
-            if cap:
-                out = torch.tanh(out / cap) * cap
-        return out
+                    weight = self.store.read(source, self.head.weight.dtype, rows=(a, b))
+                    part_bias = (self.store.read(self.sources[self.head_name[:-6] + "bias"],
+                                                 bias.dtype, rows=(a, b)) if bias is not None
+                                 else None)
+                parts.append(self._tail(hidden, weight.to(self.device), part_bias))
+                del weight
+            with _unrecorded():
+                return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+    def _tail(self, hidden: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
+        """The model's forward with every layer passing through and the last one answering
+        ``hidden``: what follows the layers runs as the class wrote it."""
+        saved = dict(self.head._parameters)
+        self.head._parameters["weight"] = torch.nn.Parameter(weight, requires_grad=False)
+        if bias is not None:
+            self.head._parameters["bias"] = torch.nn.Parameter(bias.to(self.device),
+                                                               requires_grad=False)
+        last = len(self.layers) - 1
+        try:
+            for k, layer in enumerate(self.layers):
+                layer.forward = ((lambda *a, **kw: hidden) if k == last
+                                 else (lambda hidden_states, *a, **kw: hidden_states))
+            with _unrecorded():
+                placeholder = torch.zeros_like(hidden)  # the embedding's output, never used
+                positions = torch.arange(hidden.shape[1], device=self.device)[None]
+            return self.model(inputs_embeds=placeholder, position_ids=positions,
+                              use_cache=False).logits
+        finally:
+            for layer in self.layers:
+                layer.__dict__.pop("forward", None)
+            self.head._parameters.update(saved)
 
     def __call__(self, input_ids: torch.Tensor, **_ignored) -> "_Output":
         """A whole forward (every layer read once): for the op replay and greedy decoding."""
@@ -315,7 +344,10 @@ class StreamedModel:
         sentinels) and the group outputs are summed, as an EP all-reduce does."""
         gate_up_name, down_name = f"{prefix}.gate_up_proj", f"{prefix}.down_proj"
         fused = gate_up_name in self.store
-        names = next((n for n in EXPERT_NAMES if f"{prefix}.0.{n[0]}.weight" in self.store),
+        # per-expert tensors: under the checkpoint's own prefix (Mixtral: block_sparse_moe)
+        member = re.match(r"^(.*)\.\d+\.[^.]+\.weight$", self.sources.get(gate_up_name, ""))
+        source_prefix = member.group(1) if member else prefix
+        names = next((n for n in EXPERT_NAMES if f"{source_prefix}.0.{n[0]}.weight" in self.store),
                      EXPERT_NAMES[0])
         meta_gate_up, meta_down = module.gate_up_proj, module.down_proj
         dtype, experts = meta_gate_up.dtype, module.num_experts
@@ -327,7 +359,8 @@ class StreamedModel:
             if fused:
                 return (self.store.read(gate_up_name, dtype, index=j),
                         self.store.read(down_name, dtype, index=j))
-            gate, up, down = (self.store.read(f"{prefix}.{j}.{n}.weight", dtype) for n in names)
+            gate, up, down = (self.store.read(f"{source_prefix}.{j}.{n}.weight", dtype)
+                              for n in names)
             gate_up = torch.cat([gate, up], dim=0)
             if getattr(module, "is_transposed", False):  # [hidden, 2 x inter] layout
                 gate_up, down = gate_up.T, down.T
@@ -386,6 +419,18 @@ def _stacked(group: list[int], read, meta_gate_up, meta_down, device) -> tuple:
 @dataclass
 class _Output:
     logits: torch.Tensor
+
+
+def _checkpoint_names(model, store: WeightStore) -> dict[str, str]:
+    """Model parameter/buffer name -> the checkpoint tensor it loads from, by transformers' own
+    loading conversions (renamed modules; for merged experts, one of the per-expert tensors)."""
+    from day0.checkpoint_match import renamer
+
+    _, rename, _ = renamer(model)
+    found: dict[str, str] = {}
+    for name in sorted(store.tensors):
+        found.setdefault(rename(name)[0], name)
+    return found
 
 
 def _is_experts(module) -> bool:

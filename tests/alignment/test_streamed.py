@@ -156,3 +156,49 @@ def test_streamed_from_s3_reads_shards_by_range_and_never_downloads_them(s3_serv
     cached = list(sources.cache_root().rglob("*"))
     assert any(p.name == "tokenizer.json" for p in cached)
     assert not any(p.name.endswith(".safetensors") for p in cached)
+
+
+# architectures with their own twists: sliding windows and layer types (gemma3, gpt_oss,
+# mistral), embedding scales and logit softcapping (gemma2/3), logit scales (cohere, granite),
+# renamed MoE modules (mixtral: block_sparse_moe.experts.N.w1), experts with biases (gpt_oss:
+# not streamed per expert, read with their layer)
+ARCHITECTURES = {
+    "qwen3": ("Qwen3Config", dict(head_dim=16)),
+    "gemma3_text": ("Gemma3TextConfig", dict(head_dim=16, sliding_window=8, layer_types=[
+        "sliding_attention", "sliding_attention", "full_attention"])),
+    "gemma2": ("Gemma2Config", dict(head_dim=16, sliding_window=8)),
+    "mistral": ("MistralConfig", dict(sliding_window=8)),
+    "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2)),
+    "phi3": ("Phi3Config", dict(pad_token_id=0, eos_token_id=1, bos_token_id=2)),
+    "olmo2": ("Olmo2Config", dict(pad_token_id=0, eos_token_id=1, bos_token_id=2)),
+    "gpt_oss": ("GptOssConfig", dict(num_local_experts=4, num_experts_per_tok=2, head_dim=16,
+                                     sliding_window=8, layer_types=[
+                                         "sliding_attention", "full_attention",
+                                         "sliding_attention"])),
+    "cohere": ("CohereConfig", dict(pad_token_id=0, eos_token_id=1, bos_token_id=2)),
+    "granite": ("GraniteConfig", dict(logits_scaling=2.0)),
+}
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_streamed_logits_bit_identical_across_architectures(arch, tmp_path):
+    import transformers
+
+    cls, extra = ARCHITECTURES[arch]
+    torch.manual_seed(0)
+    config = getattr(transformers, cls)(
+        hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=300, max_position_embeddings=256, intermediate_size=128, **extra)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    resident = load_pretrained(tmp_path, dtype="float32")
+    ids = torch.randint(3, 300, (1, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = resident(input_ids=ids, position_ids=torch.arange(40)[None],
+                            use_cache=False).logits
+    streamed = StreamedModel(tmp_path, dtype="float32")
+    batch = streamed.prepare(ids)
+    for k in range(len(streamed.layers)):
+        with streamed.layer(k):
+            streamed.run_layer(k, batch)
+    assert torch.equal(streamed.logits(batch.hidden), expected)
+    assert bool(streamed.experts) == (arch == "mixtral")

@@ -234,6 +234,7 @@ def run(config: Config, inputs: StageInputs, *, memo: Memo | None = None) -> Res
     progress.plan({"weights": 1, "models": 1, "ops": 1, "windows": 6, "generation": 1})
     tolerances = load_tolerances(config.tolerance_file)
     source_name = inputs.source
+    check_source(source_name)  # a hostile config.json is refused before any weight is read
     same = _is_control(target, reference)
     sides = 1 + (target.dtype != reference.dtype) + (not same)
     streamed = _streaming(config, source_name, target, reference, sides)
@@ -243,7 +244,6 @@ def run(config: Config, inputs: StageInputs, *, memo: Memo | None = None) -> Res
         inputs.source, log=print, weights=not streamed)})
     weights_source = source_name if streamed else inputs.source
     lap("fetch")
-    check_source(weights_source)  # a hostile config.json is refused before any weight is read
     if target.dtype not in tolerances.ops.tolerances or \
             target.dtype not in tolerances.control.floors.layer_rel_error:
         raise ConfigError(f"no tolerances for dtype {target.dtype}",
@@ -271,6 +271,7 @@ def run(config: Config, inputs: StageInputs, *, memo: Memo | None = None) -> Res
             None if same else target, int(config.expert_group_gib * 2**30))
         ref, ctl = ref_side.model, ctl_side.model
         tgt = tgt_side.model if tgt_side else None
+        progress.update("models", sides, sides, detail="streamed: skeletons built, no weights")
     else:
         ref_side, ctl_side, tgt = _load_resident(inputs, reference, control_profile, target,
                                                  same, sides, memo, load)
