@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -106,13 +107,6 @@ def validate(checkpoint: Path, out: Path, args) -> tuple[int, float, TreeMemory]
     return code, time.monotonic() - started, memory
 
 
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="llama-3.1-8b",
@@ -130,7 +124,7 @@ def main() -> int:
     folder = CACHE / args.model
     config = model_config(args.model)
     if not folder.is_dir():
-        need = sum(_numel(shape) for _, shape in layout(config)) * 2
+        need = sum(math.prod(shape) for _, shape in layout(config)) * 2
         CACHE.mkdir(parents=True, exist_ok=True)
         free = shutil.disk_usage(CACHE).free
         if free < need * 1.05:

@@ -153,7 +153,7 @@ class StreamedModel:
                 if buf is not None:
                     module._buffers[key] = buf.to(device)
         self._check_covered(names)
-        self.bytes_resident = self._load(self._others(), "")
+        self._load(self._others(), "")
         self.experts_read = 0
         self.progress: Callable[[str], None] | None = None  # told of each expert group read
 
@@ -173,12 +173,11 @@ class StreamedModel:
                 raise InputError(f"streaming does not know where '{name}' runs", field="streaming",
                                  fix="validate this model with streaming: off (resident)")
 
-    def _load(self, module: torch.nn.Module, prefix: str) -> int:
+    def _load(self, module: torch.nn.Module, prefix: str) -> None:
         """Read every parameter (and stored buffer) of module from the shards; experts are
-        left to on-demand reads. Returns the bytes it now holds."""
+        left to on-demand reads."""
         if not prefix:
             prefix = self._prefix(module)
-        held = 0
         skip = tuple(f"{n}." for n in self.experts)
         with _unrecorded():
             for name, param in list(module.named_parameters()):
@@ -188,7 +187,6 @@ class StreamedModel:
                 tensor = self.store.read(self.sources.get(full, full), param.dtype)
                 tensor = tensor.to(self.device)
                 _set_param(module, name, tensor)
-                held += tensor.nbytes
             for name, buf in list(module.named_buffers()):
                 full = f"{prefix}{name}"
                 if full in self.sources and buf is not None:
@@ -196,7 +194,6 @@ class StreamedModel:
                     target = module.get_submodule(owner) if owner else module
                     target._buffers[leaf] = self.store.read(self.sources[full], buf.dtype).to(
                         self.device)
-        return held
 
     def _prefix(self, module: torch.nn.Module) -> str:
         for name, m in self.model.named_modules():
@@ -214,9 +211,9 @@ class StreamedModel:
     @contextlib.contextmanager
     def layer(self, k: int):
         """Layer k's weights while in the block."""
-        held = self._load(self.layers[k], f"{self.layer_names[k]}.")
+        self._load(self.layers[k], f"{self.layer_names[k]}.")
         try:
-            yield held
+            yield
         finally:
             self._free(self.layers[k])
 

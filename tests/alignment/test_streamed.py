@@ -13,11 +13,11 @@ import math
 import pytest
 import torch
 
+from day0 import memory
 from day0.contract import StageInputs
 from day0.errors import ConfigError
 from day0.modeling import load_pretrained
 from day0.stages.alignment import Config, run
-from day0.stages.alignment import streamed as stream
 from day0.stages.alignment.layers import Capture
 from day0.targets import Target
 from day0.torchkit.streamed import StreamedModel
@@ -118,7 +118,7 @@ def test_auto_streams_only_when_the_resident_copies_do_not_fit(monkeypatch):
     settings = dict(max_windows=1, seq_len=32, generation_prompts=0, check_ops=False)
     source = StageInputs(source=str(MODELS / "tiny-llama"), target=BF16)
     assert not run(Config(**settings), source).streamed
-    monkeypatch.setattr(stream, "_available_bytes", lambda: 1024.0)
+    monkeypatch.setattr(memory, "available_bytes", lambda: 1024.0)
     result = run(Config(**settings), source)
     assert result.streamed and any(n.startswith("streamed:") for n in result.notes)
 

@@ -33,19 +33,14 @@ STREAMING_FILE = Path(__file__).resolve().parents[2] / "data" / "streaming.yaml"
 
 def resident_fits(source: str, dtypes: list[str]) -> bool:
     """Whether the model copies in ``dtypes`` fit in the memory available now."""
+    from day0 import memory
     from day0.checkpoint import read_checkpoint
     from day0.yamlio import read_mapping
 
     params = sum(t.numel for t in read_checkpoint(source, check_config=False).tensors.values())
     need = sum(params * torch.empty((), dtype=getattr(torch, d)).element_size() for d in dtypes)
-    available = _available_bytes()
+    available = memory.available_bytes()
     return available is None or need * read_mapping(STREAMING_FILE)["resident_slack"] <= available
-
-
-def _available_bytes() -> float | None:
-    from day0.memory import available_bytes
-
-    return available_bytes()
 
 
 def load_sides(inputs, reference, control_profile, target, expert_group_bytes: int) -> tuple:

@@ -10,6 +10,7 @@ measured on the development machine; another worker scales them.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Literal
@@ -49,7 +50,7 @@ def estimate(tensors: list[tuple[str, tuple[int, ...]]], *, active_params: int, 
              vocab: int | None, target_dtype: str, intermediate: int | None,
              available_gib: float | None) -> ReferenceEstimate:
     c = read_mapping(COEFFICIENTS)
-    sizes = [(name, _numel(shape)) for name, shape in tensors]
+    sizes = [(name, math.prod(shape)) for name, shape in tensors]
     total = sum(n for _, n in sizes)
     sides = [4, BYTES.get(target_dtype, 2)] if target_dtype != "float32" else [4]
     resident = total * sum(sides) * c["resident_slack"] / GIB
@@ -84,13 +85,6 @@ def available_gib() -> float | None:
 
     found = available_bytes()
     return round(found / GIB, 1) if found is not None else None
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
 
 
 __all__ = ["ReferenceEstimate", "estimate", "available_gib", "COEFFICIENTS"]
