@@ -74,6 +74,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--deployment", default=None, metavar="NAME",
                    help="run on a served deployment (e.g. validate/day0) via PREFECT_API_URL and wait")
 
+    p = sub.add_parser("reference", help="compute the reference bank ahead of time (no target)",
+                       description="Run the reference (cpu/float32) and the control at each "
+                                   "--dtype over the alignment windows and store them in the "
+                                   "reference bank (alignment.reference_bank_uri, "
+                                   "$DAY0_REFERENCE_BANK_URI, or next to the results), so later "
+                                   "targets run no reference forward. Settings that key the bank "
+                                   "(windows, prompts) come from --config as for validate.")
+    p.add_argument("source", help="checkpoint folder or s3://BUCKET/PREFIX")
+    p.add_argument("--dtype", action="append", default=None, metavar="DTYPE",
+                   help="a control dtype (repeatable; default bfloat16)")
+    p.add_argument("--config", default=None, help="YAML with per-stage settings (its alignment: part)")
+    p.add_argument("--text", default=None, help="evaluation text (default: built-in)")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow the model's own code (auto_map)")
+
     p = sub.add_parser("serve", help="serve the validate deployment on the Prefect server (PREFECT_API_URL)",
                        description="Registers deployment validate/NAME and executes its runs in this process's "
                                    "subprocesses; re-validate with `prefect deployment run 'validate/NAME' -p source=...`.")
@@ -188,6 +202,15 @@ def cmd_validate(args) -> int:
     return code
 
 
+def cmd_reference(args) -> int:
+    from day0.stages.alignment.prebuild import build
+
+    for line in build(args.source, args.dtype or ["bfloat16"], config=args.config,
+                      text=args.text, trust_remote_code=args.trust_remote_code):
+        print(line)
+    return 0
+
+
 def cmd_baseline(args) -> int:
     from day0.stages.performance.promote import promote_run
 
@@ -267,7 +290,8 @@ def cmd_stack(args) -> int:
 
 COMMANDS = {"analyze": cmd_analyze, "scan": cmd_scan, "validate": cmd_validate, "serve": cmd_serve,
             "targets": cmd_targets, "metrics": cmd_metrics, "gates": cmd_gates,
-            "hooks": cmd_hooks, "stack": cmd_stack, "baseline": cmd_baseline}
+            "hooks": cmd_hooks, "stack": cmd_stack, "baseline": cmd_baseline,
+            "reference": cmd_reference}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,7 +43,10 @@ def memo() -> Memo:
 def _validate(source: Path, memo: Memo, plugins=(), claim="faithful"):
     target = Target(name="cpu-bf16", device="cpu", dtype="bfloat16", claim=claim,
                     plugins=[str(PLUGINS / f"{p}.py") for p in plugins])
-    result = run(Config(), StageInputs(source=str(source), target=target), memo=memo)
+    # the memo shares reference and control between targets in memory; a bank would add ~3 GB
+    # of writes per model (test_bank.py shows replay equals recompute)
+    result = run(Config(reference_bank="off"), StageInputs(source=str(source), target=target),
+                 memo=memo)
     gates = GatesFile(gates=[g for g in load_gates().gates if g.metric.startswith("alignment.")])
     failing = {g.id for g in evaluate(gates, result.metrics(), is_moe=False, claim=claim)
                if g.applicable and not g.passed and g.severity == "error"}
@@ -84,11 +87,34 @@ def test_streamed_reference_equals_resident_on_the_real_model(smollm2):
     settings = dict(max_windows=2, seq_len=1024, generation_prompts=2, new_tokens=8)
     target = Target(name="cpu-bf16", device="cpu", dtype="bfloat16")
     inputs = StageInputs(source=str(smollm2), target=target)
-    resident = run(Config(streaming="off", **settings), inputs)
-    streamed = run(Config(streaming="on", **settings), inputs)
+    resident = run(Config(streaming="off", reference_bank="off", **settings), inputs)
+    streamed = run(Config(streaming="on", reference_bank="off", **settings), inputs)
     assert streamed.streamed and not resident.streamed
     a, b = resident.metrics(), streamed.metrics()
     # == on every metric (NaN equals NaN: a metric undefined on one path is undefined on both)
     assert {k: (a[k], b[k]) for k in a if not (a[k] == b[k] or a[k] != a[k] and b[k] != b[k])} \
         == {}
     assert a["alignment.logits.kl_mean"] > 1e-4  # the bf16 error is really there
+
+
+def test_the_reference_bank_replays_exactly_on_the_real_model(smollm2, tmp_path):
+    """A second target (int8 weights) replays the reference and bf16 control a first one
+    stored: every metric, layer row and generation equal to a run without the bank."""
+    settings = dict(max_windows=1, seq_len=256, generation_prompts=1, new_tokens=4,
+                    reference_bank_uri=str(tmp_path / "bank"))
+
+    def target(plugin):
+        return Target(name="cpu-bf16", device="cpu", dtype="bfloat16",
+                      plugins=[str(PLUGINS / f"{plugin}.py")])
+
+    first = run(Config(**settings), StageInputs(source=str(smollm2), target=target("noop")))
+    assert not first.reference_bank_hit
+    inputs = StageInputs(source=str(smollm2), target=target("int8_weights"))
+    banked = run(Config(**settings), inputs)
+    fresh = run(Config(**{**settings, "reference_bank": "off"}), inputs)
+    assert banked.reference_bank_hit and not fresh.reference_bank_hit
+    a, b = banked.metrics(), fresh.metrics()
+    assert {k: (a[k], b[k]) for k in a if not (a[k] == b[k] or a[k] != a[k] and b[k] != b[k])} \
+        == {}
+    assert banked.layers == fresh.layers and banked.generation == fresh.generation
+    assert banked.ops == fresh.ops

@@ -230,14 +230,21 @@ def replay_recorded(recorder, *, device: str, dtype: str, tolerances: Tolerances
     return rows
 
 
-def check_ops(model, input_ids: torch.Tensor, *, device: str, dtype: str,
-              tolerances: Tolerances, reference_inputs: str = "rounded",
-              max_example_bytes: int = 256 << 20) -> list[OpRow]:
-    """Record the reference model's ops on input_ids, replay each on the target."""
+def record_ops(model, input_ids: torch.Tensor, *, max_example_bytes: int = 256 << 20):
+    """The OpRecorder of one forward of the reference model on input_ids (first call's inputs
+    of each op kept)."""
     from day0.torchkit.opcapture import OpRecorder
 
     with torch.no_grad(), OpRecorder(record_examples=True,
                                      max_example_bytes=max_example_bytes) as recorder:
         model(input_ids=input_ids, use_cache=False)
+    return recorder
+
+
+def check_ops(model, input_ids: torch.Tensor, *, device: str, dtype: str,
+              tolerances: Tolerances, reference_inputs: str = "rounded",
+              max_example_bytes: int = 256 << 20) -> list[OpRow]:
+    """Record the reference model's ops on input_ids, replay each on the target."""
+    recorder = record_ops(model, input_ids, max_example_bytes=max_example_bytes)
     return replay_recorded(recorder, device=device, dtype=dtype, tolerances=tolerances,
                            reference_inputs=reference_inputs)

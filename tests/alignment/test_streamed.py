@@ -28,8 +28,9 @@ BF16 = Target(name="cpu-bf16", device="cpu", dtype="bfloat16")
 
 
 def _metrics(source, streaming: str, target=BF16, **config) -> dict:
-    result = run(Config(streaming=streaming, **config), StageInputs(source=str(source),
-                                                                    target=target))
+    # the bank off: both sides compute their reference (test_bank.py replays it)
+    result = run(Config(streaming=streaming, reference_bank="off", **config),
+                 StageInputs(source=str(source), target=target))
     assert result.streamed == (streaming == "on")
     return result.metrics()
 
@@ -115,7 +116,8 @@ def test_long_windows_streamed_within_rounding_of_kv_chunks():
 
 
 def test_auto_streams_only_when_the_resident_copies_do_not_fit(monkeypatch):
-    settings = dict(max_windows=1, seq_len=32, generation_prompts=0, check_ops=False)
+    settings = dict(max_windows=1, seq_len=32, generation_prompts=0, check_ops=False,
+                    reference_bank="off")  # a banked reference leaves only the target to hold
     source = StageInputs(source=str(MODELS / "tiny-llama"), target=BF16)
     assert not run(Config(**settings), source).streamed
     monkeypatch.setattr(memory, "available_bytes", lambda: 1024.0)

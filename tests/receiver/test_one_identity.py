@@ -202,11 +202,14 @@ def test_four_entry_paths_one_folder_four_runs(stack):
     fourth = json.loads(cli.stdout)
 
     folder = f"day0-results/{MODEL}/{revision}/cpu-bf16/"
-    # the evaluation stage's stored reference results: next to the targets, one per revision
-    reference = f"day0-results/{MODEL}/{revision}/reference-cpu-float32/evaluation/"
+    # the reference side's stored results, next to the targets, one folder per revision: the
+    # evaluation stage's reference results and the alignment stage's reference bank
+    reference = f"day0-results/{MODEL}/{revision}/reference-cpu-float32/"
     keys = every_key = keys_under(client, "models", "day0-results/")
     # one per weights key: an s3:// source's (object ETags) and a local copy's (bytes) differ
-    assert [k for k in keys if k.startswith(reference) and k.endswith(".json")], keys
+    assert [k for k in keys if k.startswith(reference + "evaluation/") and k.endswith(".json")]
+    assert [k for k in keys if k.startswith(reference + "alignment-bank/")
+            and k.endswith("/reference/bank.json")], keys
     keys = [k for k in keys if not k.startswith(reference)]
     assert {k for k in keys if not k.startswith(folder)} == set(), keys  # one folder for all
     run_ids = sorted({k[len(folder + "runs/"):].split("/")[0] for k in keys

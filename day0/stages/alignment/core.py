@@ -10,20 +10,23 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from day0.stages.alignment import generation as gen
+from day0.stages.alignment import sides
 from day0.stages.alignment import streamed as stream
-from day0.stages.alignment.engine import MemoSide, Side, evaluate
+from day0.stages.alignment.bank import size_text
+from day0.stages.alignment.banked import RecordedOps, encode_ops
+from day0.stages.alignment.engine import MemoSide, evaluate
 from day0.stages.alignment.layers import LayerRow, RouterRow
 from day0.stages.alignment.logits import BucketRow, bucket_bounds
-from day0.torchkit.replay import OpRow, check_ops
+from day0.torchkit.replay import OpRow, record_ops, replay_recorded
 from day0.torchkit.paired import Blocks, Comparison, mean_excess, ratios, worst
 from day0.torchkit.evaltext import (load_tokenizer, prefix_token, prompts, read_text,
                                  resolve_text_file, tokenize, windows)
 from day0.torchkit.tolerances import load_tolerances
 from day0 import progress
 from day0.contract import Laps, StageInputs, StageResult
-from day0.errors import ConfigError, TargetFault
-from day0.modeling import check_source, load_pretrained
-from day0.plugins import apply_plugins
+from day0.errors import ConfigError
+from day0.checkpoint_io import read_config_dict
+from day0.modeling import check_source, resolve_config
 from day0.sources import local_checkpoint
 
 OP_CHECK_SCOPE = (
@@ -76,6 +79,20 @@ class Config(BaseModel):
         "'auto': stream when the resident copies would not fit in the available memory."))
     expert_group_gib: float = Field(1.0, gt=0, description=(
         "Streaming: MoE experts routed to are read this many GiB at a time."))
+    reference_bank: Literal["use", "refresh", "off"] = Field("use", description=(
+        "The reference bank (what reference and control computed on these windows, keyed by "
+        "weights, windows, settings and versions): 'use' replays it when present and stores "
+        "it when computed; 'refresh' recomputes and replaces it; 'off' neither reads nor "
+        "writes."))
+    reference_bank_max_gib: float = Field(16.0, gt=0, description=(
+        "Largest bank a run stores (float32 logits and every layer's output per position: "
+        "Llama-3.1-8B at the defaults takes ~32 GiB, ~48 with a bf16 control); a larger one "
+        "is computed but not stored, said in the log."))
+    reference_bank_uri: str | None = Field(None, description=(
+        "Where banks are kept (s3://BUCKET/PREFIX or a folder). Default: "
+        "$DAY0_REFERENCE_BANK_URI, else <results>/<model>/<revision>/reference-cpu-float32/"
+        "alignment-bank next to the targets' results ($DAY0_RESULTS_URI, or the s3 source's "
+        "bucket), else the local cache."))
 
 
 class Result(StageResult):
@@ -137,6 +154,10 @@ class Result(StageResult):
         "Peak resident memory per part, MiB (the stage process's own)."))
     streamed: bool = Field(False, description=(
         "Reference, control and target ran layer by layer from the shards."))
+    reference_bank: str | None = Field(None, description="The reference bank used (its key).")
+    reference_bank_hit: bool = Field(False, description=(
+        "The reference was replayed from the bank: no reference forward ran."))
+    reference_bank_bytes: int | None = Field(None, description="Size of the bank, bytes.")
 
     def comparison(self, metric: str) -> Comparison | None:
         return next((c for c in self.comparisons if c.metric == metric), None)
@@ -236,13 +257,8 @@ def run(config: Config, inputs: StageInputs, *, memo: Memo | None = None) -> Res
     source_name = inputs.source
     check_source(source_name)  # a hostile config.json is refused before any weight is read
     same = _is_control(target, reference)
-    sides = 1 + (target.dtype != reference.dtype) + (not same)
-    streamed = _streaming(config, source_name, target, reference, sides)
-    # s3:// sources: fetched shard by shard into the local cache (unchanged ETags: no download);
-    # streamed, the shards stay on the store and each tensor is a ranged GET when needed
-    inputs = inputs.model_copy(update={"source": local_checkpoint(
-        inputs.source, log=print, weights=not streamed)})
-    weights_source = source_name if streamed else inputs.source
+    # s3:// sources: config, tokenizer and texts first; the shards only if a model runs resident
+    local = local_checkpoint(source_name, log=print, weights=False)
     lap("fetch")
     if target.dtype not in tolerances.ops.tolerances or \
             target.dtype not in tolerances.control.floors.layer_rel_error:
@@ -250,41 +266,103 @@ def run(config: Config, inputs: StageInputs, *, memo: Memo | None = None) -> Res
                           file=config.tolerance_file or "day0/data/tolerances.yaml",
                           field="ops.tolerances", fix=f"add a '{target.dtype}' entry under "
                           "ops.tolerances and control.floors.layer_rel_error")
-    problems: list[str] = []
-    if config.check_weights:
-        from day0 import sanity
-
-        problems += sanity.check_weights(weights_source)
-        lap("weights")
-    text_path = resolve_text_file(config.text_file, inputs.source)
+    text_path = resolve_text_file(config.text_file, local)
     text = read_text(text_path)
-    tokenizer = load_tokenizer(inputs.source, inputs.trust_remote_code)
-
-    def load(side):
-        return load_pretrained(inputs.source, device=side.device, dtype=side.dtype,
-                               trust_remote_code=inputs.trust_remote_code)
-
-    control_profile = reference.model_copy(update={"dtype": target.dtype})
-    if streamed:
-        ref_side, ctl_side, tgt_side = stream.load_sides(
-            inputs.model_copy(update={"source": weights_source}), reference, control_profile,
-            None if same else target, int(config.expert_group_gib * 2**30))
-        ref, ctl = ref_side.model, ctl_side.model
-        tgt = tgt_side.model if tgt_side else None
-        progress.update("models", sides, sides, detail="streamed: skeletons built, no weights")
-    else:
-        ref_side, ctl_side, tgt = _load_resident(inputs, reference, control_profile, target,
-                                                 same, sides, memo, load)
-        ref, ctl = ref_side.model, ctl_side.model
-    lap("load")
-
+    tokenizer = load_tokenizer(local, inputs.trust_remote_code)
+    model_config = resolve_config(read_config_dict(local),
+                                  trust_remote_code=inputs.trust_remote_code).config
     notes: list[str] = []
-    max_pos = getattr(ref.config, "max_position_embeddings", None)
+    max_pos = getattr(model_config, "max_position_embeddings", None)
     seq_len = config.seq_len or min(max_pos or config.seq_len_cap, config.seq_len_cap)
-    ids = tokenize(tokenizer, text, getattr(ref.config, "vocab_size", None))
+    ids = tokenize(tokenizer, text, getattr(model_config, "vocab_size", None))
     prefix = prefix_token(tokenizer)
     wins, text_notes = windows(ids, seq_len, config.max_windows, prefix, config.context_tokens)
-    notes += text_notes
+    notes += text_notes + _window_notes(config, wins, seq_len, max_pos, prefix)
+    span = max(len(w.ids) for w in wins)
+    chosen = prompts(ids, config.generation_prompts, config.prompt_tokens) \
+        if config.generation_prompts else []
+    batch = [([prefix] if prefix is not None else []) + prompt for _, prompt in chosen]
+    op_ids = wins[0].ids[:config.op_tokens] if config.check_ops else None
+
+    control_profile = reference.model_copy(update={"dtype": target.dtype})
+    plan = sides.open_bank(config, source_name, reference, control_profile, wins, op_ids, batch,
+                           model_config, inputs.revision)
+    lap("bank")  # identifying the weights (a local folder: every byte hashed) and the bank
+    live = sides.live_dtypes(plan, reference, control_profile, same, target)
+    streamed = sides.streaming(config, source_name, live)
+    if live and not streamed:  # a model runs resident: its shards, local
+        inputs = inputs.model_copy(update={"source": local_checkpoint(source_name, log=print)})
+    weights_source = source_name if streamed else inputs.source
+    problems: list[str] = []
+    banked_scan = plan.reference.meta.weight_problems if plan.reference is not None else None
+    if config.check_weights and banked_scan is not None:
+        problems += banked_scan
+    elif config.check_weights:  # shards read in place when no model needs them local
+        from day0 import sanity
+
+        problems += sanity.check_weights(weights_source if live else source_name)
+        lap("weights")
+    scanned = list(problems)  # what the bank keeps of the weight scan
+    try:
+        ref, ctl, tgt = sides.load_sides(
+            plan, streamed=streamed, same=same, memo=memo, wins=wins, reference=reference,
+            inputs=inputs.model_copy(update={"source": weights_source}), target=target,
+            control_profile=control_profile,
+            expert_group_bytes=int(config.expert_group_gib * 2**30))
+        lap("load")
+        op_rows, recorded = _ops(config, plan, ref, op_ids, reference, target, tolerances)
+        if op_rows is not None:
+            lap("ops")
+        n_buckets = min(config.position_buckets, span)
+        if streamed:
+            notes.append(stream.NOTE)
+            evidence = stream.evaluate_streamed(wins, ref, ctl, tgt, span=span,
+                                                n_buckets=n_buckets,
+                                                logit_chunk=config.chunk_tokens)
+        else:
+            evidence = evaluate(wins, ref, ctl, tgt, span=span, n_buckets=n_buckets,
+                                chunk=config.chunk_tokens)
+        sides.flush(plan)  # the bank's tensors to disk before generation
+        lap("windows")
+        result = _summarize(config, evidence, tolerances, target, span, n_buckets)
+        if bad_ref := evidence.logits.reference_nonfinite:
+            problems.append(f"the cpu/float32 reference produced {bad_ref} non-finite logits")
+        if config.check_weights:
+            problems += _perplexity_check(result["perplexity_reference"], model_config,
+                                          source_name, inputs, text, seq_len, len(wins),
+                                          bool(problems))
+        made: dict[str, list] = {}
+        gen_rows = gen.compared(config.new_tokens, chosen, batch, tokenizer, ref, ctl, tgt,
+                                reference.device, target, memo.greedy if memo else None,
+                                streamed, made)
+        lap("generation")
+        bank_bytes = sides.commit(
+            plan, {"reference": (ref, reference), plan.control_part: (ctl, control_profile)},
+            made, built="streamed" if streamed else "resident", wins=wins, ops=recorded,
+            weight_problems=scanned if config.check_weights else None)
+    finally:
+        sides.abort(plan)  # a run that did not finish stores nothing
+    if plan.root:
+        notes.append(f"reference bank {plan.where} ({size_text(bank_bytes)}): "
+                     + ("reference replayed, no reference forward" if plan.reference is not None
+                        else "reference computed here"))
+    covered = int(evidence.column("position_of").max()) + 1 if result["positions"] else 0
+    return Result(
+        target=target.label, claim=target.claim,
+        control=f"{reference.device}/{target.dtype}, no plugins", target_is_control=same,
+        plugins=list(target.plugins), text_file=str(text_path), text_tokens=len(ids),
+        seq_len=seq_len, prefix_token=prefix, context_tokens=wins[0].score_from,
+        max_position_embeddings=max_pos,
+        covered_fraction=covered / max_pos if max_pos else None, windows=len(wins),
+        ops=op_rows or [], generation=gen_rows, notes=notes, timings=laps.timings,
+        peak_rss_mib=laps.peak_rss_mib, streamed=streamed,
+        reference_bank=plan.where, reference_bank_hit=plan.reference is not None,
+        reference_bank_bytes=bank_bytes if plan.root else None,
+        checkpoint_problems=problems, **result)
+
+
+def _window_notes(config: Config, wins, seq_len: int, max_pos, prefix) -> list[str]:
+    notes = []
     span = max(len(w.ids) for w in wins)
     if max_pos and seq_len > max_pos:
         notes.append(f"seq_len {seq_len} exceeds the trained context {max_pos}")
@@ -294,47 +372,26 @@ def run(config: Config, inputs: StageInputs, *, memo: Memo | None = None) -> Res
     if prefix is None:
         notes.append("the tokenizer has no BOS/EOS token: windows start mid-text; the first "
                      f"{config.context_tokens} positions are context only")
+    return notes
 
-    op_rows: list[OpRow] = []
-    if config.check_ops:
-        op_ids = torch.tensor([wins[0].ids[:config.op_tokens]], device=reference.device)
-        op_rows = check_ops(ref, op_ids, device=target.device, dtype=target.dtype,
-                            tolerances=tolerances, reference_inputs=config.reference_inputs)
-        lap("ops")
 
-    n_buckets = min(config.position_buckets, span)
-    if streamed:
-        notes.append(stream.NOTE)
-        evidence = stream.evaluate_streamed(wins, ref_side, ctl_side, tgt_side, span=span,
-                                            n_buckets=n_buckets, logit_chunk=config.chunk_tokens)
+def _ops(config: Config, plan, ref, op_ids, reference, target, tolerances) -> tuple:
+    """(op rows or None, the op list for bank.json or None): replayed from the bank's recorded
+    inputs, or recorded from a short reference forward (its inputs then go to the bank)."""
+    if op_ids is None:
+        return None, None
+    recorded = None
+    if plan.reference is not None:  # a bank part without its op inputs is not opened
+        recorder = RecordedOps(plan.reference.meta.ops, plan.reference.ops())
     else:
-        evidence = evaluate(wins, ref_side, ctl_side,
-                            None if same else Side("target", tgt, target.device, target.plugins),
-                            span=span, n_buckets=n_buckets, chunk=config.chunk_tokens)
-    lap("windows")
-
-    result = _summarize(config, evidence, tolerances, target, span, n_buckets)
-    if bad_ref := evidence.logits.reference_nonfinite:
-        problems.append(f"the cpu/float32 reference produced {bad_ref} non-finite logits")
-    if config.check_weights:
-        problems += _perplexity_check(result["perplexity_reference"], ref.config, source_name,
-                                      inputs, text, seq_len, len(wins), bool(problems))
-
-    greedy = (stream.streamed_greedy if streamed else memo.greedy if memo else gen.greedy)
-    gen_rows = _generation(config, ids, prefix, tokenizer, ref, ctl, tgt, reference.device,
-                           target, greedy, stream.streamed_greedy if streamed else gen.greedy)
-    lap("generation")
-    covered = int(evidence.column("position_of").max()) + 1 if result["positions"] else 0
-    return Result(
-        target=target.label, claim=target.claim,
-        control=f"{reference.device}/{target.dtype}, no plugins", target_is_control=same,
-        plugins=list(target.plugins), text_file=str(text_path), text_tokens=len(ids),
-        seq_len=seq_len, prefix_token=prefix, context_tokens=wins[0].score_from,
-        max_position_embeddings=max_pos,
-        covered_fraction=covered / max_pos if max_pos else None, windows=len(wins),
-        ops=op_rows, generation=gen_rows, notes=notes, timings=laps.timings,
-        peak_rss_mib=laps.peak_rss_mib, streamed=streamed,
-        checkpoint_problems=problems, **result)
+        recorder = record_ops(ref.model, torch.tensor([op_ids], device=reference.device))
+        writer = plan.writers.get("reference")
+        if writer is not None and (encoded := encode_ops(recorder)) is not None:
+            recorded, examples = encoded
+            writer.put_ops(examples)  # to disk now, not held until the end
+    rows = replay_recorded(recorder, device=target.device, dtype=target.dtype,
+                           tolerances=tolerances, reference_inputs=config.reference_inputs)
+    return rows, recorded
 
 
 def _summarize(config: Config, evidence, tolerances, target, span: int, n_buckets: int) -> dict:
@@ -400,39 +457,6 @@ def _summarize(config: Config, evidence, tolerances, target, span: int, n_bucket
         nonfinite=summary["nonfinite"] + sum(r.nonfinite for r in layer_rows))
 
 
-def _load_resident(inputs, reference, control_profile, target, same: bool, sides: int, memo,
-                   load) -> tuple:
-    """Reference, control (the reference itself at the same dtype) and target, in memory."""
-    progress.update("models", 0, sides, detail="loading the reference")
-    if memo is None:
-        ref_side = Side("reference", load(reference), reference.device)
-    else:
-        ref_side = memo.side("reference", inputs.source, reference.device, reference.dtype,
-                             lambda: load(reference))
-    progress.update("models", 1, sides, detail="reference loaded")
-    if target.dtype == reference.dtype:  # the control at the reference's dtype IS the reference
-        ctl_side = ref_side
-    elif memo is None:
-        ctl_side = Side("control", load(control_profile), reference.device)
-    else:
-        ctl_side = memo.side("control", inputs.source, reference.device, target.dtype,
-                             lambda: load(control_profile))
-    if ctl_side is not ref_side:
-        progress.update("models", 2, sides, detail="control loaded")
-    tgt = None if same else load(target)
-    if tgt is not None:
-        apply_plugins(tgt, target.plugins)
-        progress.update("models", sides, sides, detail="target loaded")
-    return ref_side, ctl_side, tgt
-
-
-def _streaming(config: Config, source: str, target, reference, sides: int) -> bool:
-    """Whether to stream: as configured, or (auto) when the resident copies do not fit."""
-    if config.streaming != "auto":
-        return config.streaming == "on"
-    return not stream.resident_fits(source, [reference.dtype, target.dtype, target.dtype][:sides])
-
-
 def _perplexity_check(ppl_ref: float, model_config, source: str, inputs: StageInputs, text: str,
                       seq_len: int, n_windows: int, already_broken: bool) -> list[str]:
     """The reference perplexity must be far from a uniform guess and near the score this
@@ -450,51 +474,6 @@ def _perplexity_check(ppl_ref: float, model_config, source: str, inputs: StageIn
     if key and stored is None and not found and not already_broken and math.isfinite(ppl_ref):
         sanity.store_reference_perplexity(key, ppl_ref)
     return found
-
-
-def _generation(config: Config, ids, prefix, tokenizer, ref, ctl, tgt, ref_device: str, target,
-                greedy=gen.greedy, target_greedy=gen.greedy) -> list[gen.GenerationRow]:
-    from transformers.utils import logging as hf_logging
-
-    if not config.generation_prompts:
-        return []
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    rows = []
-    previous = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    chosen = prompts(ids, config.generation_prompts, config.prompt_tokens)
-    head = [prefix] if prefix is not None else []
-    batch = [head + prompt for _, prompt in chosen]
-    sides = 1 + (ctl is not ref) + (tgt is not None)
-    what = f"{len(batch)} prompts x {config.new_tokens} tokens"
-    try:
-        progress.update("generation", 0, sides, detail=f"{what}: reference")
-        refs = greedy(ref, batch, config.new_tokens, ref_device, pad)
-        progress.update("generation", 1, sides, detail=f"{what}: reference done")
-        ctls = refs if ctl is ref else greedy(ctl, batch, config.new_tokens, ref_device, pad)
-        if ctl is not ref:
-            progress.update("generation", 2, sides, detail=f"{what}: control done")
-        try:
-            tgts = ctls if tgt is None else target_greedy(tgt, batch, config.new_tokens,
-                                                          target.device, pad)
-            if tgt is not None:
-                progress.update("generation", sides, sides, detail=f"{what}: target done")
-        except Exception as exc:
-            raise TargetFault(f"target generate() raised {type(exc).__name__}: {exc}",
-                             field="target.plugins" if target.plugins else "target",
-                             fix="fix the target's kernels/plugins (cached decoding path)"
-                             ) from exc
-        for (start, prompt), r, c, t in zip(chosen, refs, ctls, tgts):
-            rate, first = gen.compare(r, t, config.new_tokens)
-            control_rate, _ = gen.compare(r, c, config.new_tokens)
-            rows.append(gen.GenerationRow(
-                prompt_start=start, prompt_tokens=len(prompt), new_tokens=config.new_tokens,
-                match_rate=rate, first_divergence=first, control_match_rate=control_rate,
-                reference_text=tokenizer.decode(r), target_text=tokenizer.decode(t),
-                control_text=tokenizer.decode(c)))
-    finally:
-        hf_logging.set_verbosity(previous)
-    return rows
 
 
 __all__ = ["Config", "Result", "run"]

@@ -40,6 +40,7 @@ class Side:
     def __init__(self, name: str, model, device: str, plugins: list[str] | None = None):
         self.name, self.model, self.device, self.plugins = name, model, device, plugins or []
         self.capture = Capture(model)
+        self.n_layers = len(self.capture.layers)
 
     def steps(self, ids: list[int], chunk: int) -> Iterator[Step]:
         from transformers import DynamicCache
@@ -107,10 +108,11 @@ class Evidence:
         return torch.cat(getattr(self, name))
 
 
-def evaluate(wins: list[Window], reference: Side, control: Side, target: Side | None, *,
+def evaluate(wins: list[Window], reference, control, target: Side | None, *,
              span: int, n_buckets: int, chunk: int, progress=print) -> Evidence:
-    """target None: the target is the control itself (same device, dtype, no plugins)."""
-    evidence = Evidence(LayerAccumulator(len(reference.capture.layers)))
+    """target None: the target is the control itself (same device, dtype, no plugins).
+    reference and control: a Side, or a bank's (banked.BankSide, banked.Recorder)."""
+    evidence = Evidence(LayerAccumulator(reference.n_layers))
     bucket_of_position = bucket_index(span, span, n_buckets)
     for w, window in enumerate(wins):
         ids = torch.tensor(window.ids)

@@ -42,3 +42,58 @@ def compare(ref: list[int], tgt: list[int], new_tokens: int) -> tuple[float, int
     first = next((i for i in range(new_tokens)
                   if i >= len(ref) or i >= len(tgt) or ref[i] != tgt[i]), new_tokens)
     return matches / new_tokens if new_tokens else 1.0, first
+
+
+def compared(new_tokens: int, chosen, batch, tokenizer, ref, ctl, tgt, ref_device: str, target,
+             memo_greedy, streamed: bool, made: dict) -> list[GenerationRow]:
+    """Greedy continuations of reference, control (banked or generated) and target, compared;
+    made collects the ones generated for the bank (by part). memo_greedy: core.Memo's."""
+    from transformers.utils import logging as hf_logging
+
+    from day0 import progress
+    from day0.errors import TargetFault
+    from day0.stages.alignment.banked import BankSide, Recorder
+    from day0.stages.alignment.streamed import streamed_greedy
+
+    if not chosen:
+        return []
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    generate = streamed_greedy if streamed else memo_greedy or greedy
+    total = 1 + (ctl is not ref) + (tgt is not None)
+    what = f"{len(batch)} prompts x {new_tokens} tokens"
+
+    def continuations(side, done: int):
+        if isinstance(side, BankSide):
+            found = side.bank.meta.generations
+        else:
+            found = generate(side.model, batch, new_tokens, ref_device, pad)
+            if isinstance(side, Recorder):
+                made[side.writer.part] = found
+        progress.update("generation", done, total, detail=f"{what}: {side.name} done")
+        return found
+
+    previous = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        refs = continuations(ref, 1)
+        ctls = refs if ctl is ref else continuations(ctl, 2)
+        try:
+            tgts = ctls if tgt is None else (streamed_greedy if streamed else greedy)(
+                tgt.model, batch, new_tokens, target.device, pad)
+        except Exception as exc:
+            raise TargetFault(f"target generate() raised {type(exc).__name__}: {exc}",
+                             field="target.plugins" if target.plugins else "target",
+                             fix="fix the target's kernels/plugins (cached decoding path)"
+                             ) from exc
+    finally:
+        hf_logging.set_verbosity(previous)
+    rows = []
+    for (start, prompt), r, c, t in zip(chosen, refs, ctls, tgts):
+        rate, first = compare(r, t, new_tokens)
+        control_rate, _ = compare(r, c, new_tokens)
+        rows.append(GenerationRow(
+            prompt_start=start, prompt_tokens=len(prompt), new_tokens=new_tokens,
+            match_rate=rate, first_divergence=first, control_match_rate=control_rate,
+            reference_text=tokenizer.decode(r), target_text=tokenizer.decode(t),
+            control_text=tokenizer.decode(c)))
+    return rows

@@ -43,45 +43,53 @@ def resident_fits(source: str, dtypes: list[str]) -> bool:
     return available is None or need * read_mapping(STREAMING_FILE)["resident_slack"] <= available
 
 
-def load_sides(inputs, reference, control_profile, target, expert_group_bytes: int) -> tuple:
-    """Streamed reference, control (the reference itself at the same dtype) and target (None:
-    the target is the control); one weight index shared by all."""
-    from day0.torchkit.weights import WeightStore
+def side(name: str, inputs, profile, expert_group_bytes: int, store) -> "StreamedSide":
+    """A streamed model of the checkpoint at profile's device and dtype; store: the weight
+    index shared by every side."""
+    return StreamedSide(name, StreamedModel(
+        inputs.source, dtype=profile.dtype, device=profile.device,
+        trust_remote_code=inputs.trust_remote_code, expert_group_bytes=expert_group_bytes,
+        weights=store))
 
-    store = WeightStore(inputs.source)
 
-    def side(name, profile):
-        return StreamedSide(name, StreamedModel(
-            inputs.source, dtype=profile.dtype, device=profile.device,
-            trust_remote_code=inputs.trust_remote_code, expert_group_bytes=expert_group_bytes,
-            weights=store))
-
-    if target is not None and target.plugins:
-        # a plugin may rewrite weights when applied or replace the model's forward: neither
-        # reaches a model driven layer by layer from the shards, which would pass unseen
-        raise ConfigError("a target with plugins cannot be streamed", field="alignment.streaming",
-                          fix="set alignment.streaming: off and give the stage memory for the "
-                              "resident model, or validate the target without plugins")
-    ref = side("reference", reference)
-    ctl = ref if control_profile.dtype == reference.dtype else side("control", control_profile)
-    tgt = None if target is None else side("target", target)
-    return ref, ctl, tgt
+def refuse_plugins() -> None:
+    # a plugin may rewrite weights when applied or replace the model's forward: neither reaches
+    # a model driven layer by layer from the shards, which would pass unseen
+    raise ConfigError("a target with plugins cannot be streamed", field="alignment.streaming",
+                      fix="set alignment.streaming: off and give the stage memory for the "
+                          "resident model, or validate the target without plugins")
 
 
 @dataclass
 class StreamedSide:
-    """One streamed model and its hooks (layer outputs, router choices)."""
+    """One streamed model and its hooks (layer outputs, router choices), layer-major over the
+    windows: prepare(wins), then per layer ``with layer(k): run(k, w)`` for every window, then
+    routes(w) and logits(w, a, b)."""
 
     name: str
     model: StreamedModel
 
     def __post_init__(self):
         self.capture = Capture(self.model.model)
+        self.n_layers = len(self.model.layers)
+        self.batches: list = []
+        self._routes: list[dict] = []
 
-    def run(self, k: int, batch) -> None:
+    def prepare(self, wins: list[Window]) -> None:
+        self.batches = [self.model.prepare(torch.tensor([w.ids])) for w in wins]
+        self._routes = [{} for _ in wins]
+
+    def layer(self, k: int):
+        # a MoE layer's experts take long to read: say how far it got
+        self.model.progress = (lambda line: stage_progress.update(
+            "windows", k, self.n_layers + 1,
+            detail=f"layer {k + 1} of {self.n_layers}, {self.name}: {line}"))
+        return self.model.layer(k)
+
+    def run(self, k: int, w: int) -> torch.Tensor | None:
         try:
             with self.capture:
-                self.model.run_layer(k, batch)
+                self.model.run_layer(k, self.batches[w])
         except Exception as exc:
             if self.name != "target":
                 raise
@@ -89,33 +97,36 @@ class StreamedSide:
                              f"{str(exc).splitlines()[0] if str(exc) else ''}",
                              field="target", fix="fix the target's kernels for the failing op"
                              ) from exc
+        self._routes[w].update(self.capture.routes)
+        return self.capture.hidden[k]
+
+    def routes(self, w: int) -> dict:
+        return self._routes[w]
+
+    def logits(self, w: int, a: int, b: int) -> torch.Tensor:
+        return _logits(self, self.batches[w].hidden[:, a:b])
 
 
-def evaluate_streamed(wins: list[Window], reference: StreamedSide, control: StreamedSide,
-                      target: StreamedSide | None, *, span: int, n_buckets: int,
-                      logit_chunk: int = 1024, progress=print) -> Evidence:
-    """Evidence like engine.evaluate's; target None: the target is the control itself."""
+def evaluate_streamed(wins: list[Window], reference, control, target, *, span: int,
+                      n_buckets: int, logit_chunk: int = 1024, progress=print) -> Evidence:
+    """Evidence like engine.evaluate's; target None: the target is the control itself.
+    reference and control: StreamedSides, or a bank's (banked.BankSide, banked.Recorder)."""
     sides = [reference] + ([control] if control is not reference else []) \
         + ([target] if target is not None else [])
     tgt = target or control
-    n_layers = len(reference.model.layers)
+    n_layers = reference.n_layers
     evidence = Evidence(LayerAccumulator(n_layers))
-    batches = {s.name: [s.model.prepare(torch.tensor([w.ids])) for w in wins] for s in sides}
+    for side in sides:
+        side.prepare(wins)
     scored = [torch.arange(len(w.ids)) >= w.score_from for w in wins]
     slots = [evidence.layers.open(mask) for mask in scored]
-    routes = {s.name: [{} for _ in wins] for s in sides}
     started = time.monotonic()
     for k in range(n_layers):
         hidden = {}
         for side in sides:
-            # a MoE layer's experts take long to read: say how far it got
-            side.model.progress = (lambda line, k=k, name=side.name: stage_progress.update(
-                "windows", k, n_layers + 1, detail=f"layer {k + 1} of {n_layers}, {name}: {line}"))
-            with side.model.layer(k):
-                for w, batch in enumerate(batches[side.name]):
-                    side.run(k, batch)
-                    hidden[side.name, w] = side.capture.hidden[k]
-                    routes[side.name][w].update(side.capture.routes)
+            with side.layer(k):
+                for w in range(len(wins)):
+                    hidden[side.name, w] = side.run(k, w)
         for w in range(len(wins)):
             evidence.layers.fill(slots[w], k, hidden[reference.name, w], hidden[control.name, w],
                                  hidden[tgt.name, w], scored[w])
@@ -127,14 +138,15 @@ def evaluate_streamed(wins: list[Window], reference: StreamedSide, control: Stre
         progress(line)
     bucket_of_position = bucket_index(span, span, n_buckets)
     for w, window in enumerate(wins):
-        evidence.routers.add(routes[reference.name][w], routes[control.name][w],
-                             routes[tgt.name][w], scored[w])
+        routes = {side.name: side.routes(w) for side in sides}
+        evidence.routers.add(routes[reference.name], routes[control.name], routes[tgt.name],
+                             scored[w])
         ids = torch.tensor(window.ids)
         length = len(window.ids)
         for a in range(0, length, logit_chunk):
             b = min(length, a + logit_chunk)
             pos = torch.arange(a, b)
-            logits = {s.name: _logits(s, batches[s.name][w].hidden[:, a:b]) for s in sides}
+            logits = {s.name: s.logits(w, a, b) for s in sides}
             has_next = pos < length - 1
             nxt = torch.where(has_next, ids[(pos + 1).clamp(max=length - 1)], 0)
             evidence.logits.add(logits[reference.name], logits[control.name], logits[tgt.name],
@@ -163,5 +175,6 @@ def streamed_greedy(model, batch, new_tokens: int, device: str, pad) -> list:
     return greedy(model, batch, new_tokens)
 
 
-__all__ = ["StreamedSide", "evaluate_streamed", "streamed_greedy", "load_sides", "resident_fits",
+__all__ = ["StreamedSide", "evaluate_streamed", "streamed_greedy", "side", "refuse_plugins",
+           "resident_fits",
            "NOTE"]

@@ -249,7 +249,8 @@ def summary_text(result: Result) -> str:
                      + (f" ({e.available_gib:g} GiB available)" if e.available_gib else "")
                      + f" -> {e.mode}; streamed peak ~{e.streamed_peak_gib:g} GiB, "
                      f"~{e.pass_seconds:g} s per pass over the weights, "
-                     f"~{e.seconds_per_1k_positions:g} s per 1000 positions (estimate)")
+                     f"~{e.seconds_per_1k_positions:g} s per 1000 positions (estimate); "
+                     f"reference bank ~{e.bank_mib_per_1k_positions:g} MiB per 1000 positions")
     lines.append(f"plan ({plan.cards} x {plan.card_memory_gib:g} GiB, {plan.cards_per_domain}/domain): "
                  + (f"TP={plan.tp} PP={plan.pp}" + (f" EP={plan.ep}" if plan.ep else "")
                     + (f" DP={plan.dp}" if plan.dp > 1 else "") if plan.fits else "DOES NOT FIT"))

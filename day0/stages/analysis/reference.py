@@ -43,6 +43,9 @@ class ReferenceEstimate(BaseModel):
         "One streamed forward's reads (reference and control): every weight once per side."))
     seconds_per_1k_positions: float = Field(description=(
         "Compute per 1000 positions on both sides (2 x active params per position)."))
+    bank_mib_per_1k_positions: float = Field(0.0, description=(
+        "Reference bank per 1000 evaluation positions: float32 logits and every layer's "
+        "output (reference) plus the control's at its dtype (alignment.reference_bank)."))
     basis: str = Field(description="Where the figures come from.")
 
 
@@ -70,11 +73,14 @@ def estimate(tensors: list[tuple[str, tuple[int, ...]]], *, active_params: int, 
     stored = total * 2  # bf16 checkpoints; float32 ones read twice as much
     pass_s = stored * len(sides) / GIB / c["read_gib_per_s"]
     per_1k = 2 * active_params * 1000 * len(sides) / (c["cpu_gflops"] * 1e9)
+    layers = len(per_layer)
+    bank = 1000 * ((vocab or 0) + layers * hidden) * sum(sides) / 2**20
     mode = "resident" if available_gib is None or resident <= available_gib else "streamed"
     return ReferenceEstimate(
         resident_gib=round(resident, 3), available_gib=available_gib, mode=mode,
         streamed_peak_gib=round(peak, 1), largest_layer_params=largest,
         pass_seconds=round(pass_s, 1), seconds_per_1k_positions=round(per_1k, 1),
+        bank_mib_per_1k_positions=round(bank, 1),
         basis=(f"{COEFFICIENTS.name}: {c['read_gib_per_s']} GiB/s read, {c['cpu_gflops']} GFLOP/s, "
                f"windows of {window} positions (measured by bench/bench_streamed.py on a 2-core "
                "machine; another worker scales them)"))

@@ -1,0 +1,265 @@
+"""The reference bank: what the reference (and the control at each dtype) computed for one
+checkpoint on the evaluation windows, stored once and replayed for every later target and
+re-validation, so none of them runs a reference or control forward.
+
+Layout: ``<root>/<key>/reference/`` and ``<root>/<key>/control-<dtype>/``, each a folder of
+safetensors shards and ``bank.json``, written last (a part without it is incomplete and never
+read). Tensors are named ``w<window>/<what>/<first position>``: ``logits`` [positions, vocab],
+``h<layer>`` [positions, hidden] (the layer output of a batch of one) and ``r.<router>``
+[positions, k]; the resident path stores one piece per KV-cache chunk, the streamed path one
+per window, and a reader slices and joins pieces, so a bank built one way serves the other.
+The reference part also holds the recorded op inputs (``ops.pt``, loaded weights-only) and the
+weight scan's findings; each part holds its greedy continuations.
+
+The key digests the weights (day0.identity.weights_key), the reference device and dtype, the
+token ids of every window and prompt (text, tokenizer, seq_len, context), the op-check ids,
+new_tokens and the torch and transformers versions: what the numbers depend on. Values are
+exact: float32 as computed; a control's tensors in its own dtype only where that is lossless
+(a bf16 model's outputs are bf16 values), so replayed metrics equal recomputed ones.
+
+root: ``reference_bank_uri``, else $DAY0_REFERENCE_BANK_URI, else ``<results>/<model>/
+<revision>/reference-cpu-float32/alignment-bank`` next to the targets' results ($DAY0_RESULTS_URI,
+or the s3 source's bucket), else the local cache. Read over ranged GETs from s3 (day0.torchkit.weights), never downloaded whole.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from day0.identity import cache_dir, results_location
+from day0.storage import head_object, is_s3, put_object, read_object
+
+FORMAT = 1  # bump when what a bank records, or how, changes
+META = "bank.json"
+OPS = "ops.pt"
+SHARD_BYTES = 1 << 30
+ENV = "DAY0_REFERENCE_BANK_URI"
+
+
+class BankMeta(BaseModel):
+    """bank.json: what one part of a bank holds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: int = Field(description="Bank format version (FORMAT).")
+    key: str = Field(description="The bank key (weights, windows, settings, versions).")
+    part: str = Field(description="'reference' or 'control-<dtype>'.")
+    device: str = Field(description="Device the part was computed on.")
+    dtype: str = Field(description="Dtype the part was computed at.")
+    windows: list[str] = Field(description="Digest of each window's token ids, in order.")
+    n_layers: int = Field(description="Decoder layers recorded per window.")
+    routers: list[str] = Field(default_factory=list, description="Routers recorded (MoE).")
+    built: str = Field(description="'resident' or 'streamed': how the part was computed.")
+    generations: list[list[int]] | None = Field(None, description="Greedy continuations.")
+    ops: list[dict] | None = Field(None, description="Ops of the op-check forward (reference).")
+    weight_problems: list[str] | None = Field(None, description="Weight scan findings.")
+    bytes: int = Field(0, description="Size of the part's files.")
+    seconds: float = Field(0.0, description="Time it took to compute.")
+    created_at: str = Field("", description="UTC time it was stored.")
+
+
+def window_digest(ids: list[int]) -> str:
+    return hashlib.sha256(json.dumps(list(ids)).encode()).hexdigest()[:24]
+
+
+def bank_key(*, weights: str, reference: str, windows: list[list[int]], op_ids: list[int] | None,
+             prompts: list[list[int]], new_tokens: int) -> str:
+    import transformers
+
+    doc = {"format": FORMAT, "weights": weights, "reference": reference,
+           "windows": [window_digest(w) for w in windows], "op_ids": op_ids,
+           "prompts": [window_digest(p) for p in prompts], "new_tokens": new_tokens,
+           "torch": torch.__version__, "transformers": transformers.__version__}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def bank_root(configured: str | None, source: str, *, revision: str | None, reference: str,
+              weights: str) -> str:
+    """Where this checkpoint's banks live: configured, $DAY0_REFERENCE_BANK_URI, the
+    reference's folder next to the targets' results (as the evaluation stage's stored
+    reference results), or the local cache."""
+    root = configured or os.environ.get(ENV)
+    if root:
+        return root.rstrip("/")
+    side = "reference-" + reference.replace("/", "-")
+    folder = results_location(None, source, side, revision, weights=weights)
+    return _join(folder, "alignment-bank") if folder else str(cache_dir() / "reference-bank")
+
+
+def _join(base: str, *parts: str) -> str:
+    if is_s3(base):
+        return "/".join([base.rstrip("/"), *parts])
+    return str(Path(base).joinpath(*parts))
+
+
+def _read(uri: str) -> bytes | None:
+    if is_s3(uri):
+        return read_object(uri) if head_object(uri) is not None else None
+    path = Path(uri)
+    return path.read_bytes() if path.is_file() else None
+
+
+class BankWriter:
+    """Collects one part's tensors into shards in a private folder; commit() publishes them and
+    bank.json last; abort() (or no commit) leaves nothing behind."""
+
+    def __init__(self, root: str, key: str, part: str, *, compact: torch.dtype | None = None):
+        self.where = _join(root, key, part)
+        self.key, self.part, self.compact = key, part, compact
+        staging_root = cache_dir() / "reference-bank-staging"
+        staging_root.mkdir(parents=True, exist_ok=True)
+        self.staging = Path(tempfile.mkdtemp(prefix=f"{part}-", dir=staging_root))
+        self.pending: dict[str, torch.Tensor] = {}
+        self.pending_bytes = 0
+        self.shards = 0
+        self.started = time.monotonic()
+        self.unsupported: str | None = None  # why this part cannot be banked, if it cannot
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        t = tensor.detach().to("cpu").contiguous()
+        if self.compact is not None and t.is_floating_point() and t.dtype != self.compact:
+            small = t.to(self.compact)
+            if torch.equal(small.to(t.dtype), t):  # lossless only: replay must equal recompute
+                t = small
+        self.pending[name] = t
+        self.pending_bytes += t.numel() * t.element_size()
+        if self.pending_bytes >= SHARD_BYTES:
+            self._flush()
+
+    def flush(self) -> None:
+        """What is held so far to a shard on disk (memory back before the next phase)."""
+        self._flush()
+
+    def put_ops(self, ops: dict) -> None:
+        torch.save(ops, self.staging / OPS)
+
+    def _flush(self) -> None:
+        from safetensors.torch import save_file
+
+        if self.pending:
+            self.shards += 1
+            save_file(self.pending, str(self.staging / f"bank-{self.shards:05d}.safetensors"))
+            self.pending, self.pending_bytes = {}, 0
+
+    def commit(self, meta: dict) -> BankMeta:
+        self._flush()
+        files = sorted(p for p in self.staging.iterdir() if p.is_file())
+        doc = BankMeta(format=FORMAT, key=self.key, part=self.part,
+                       bytes=sum(p.stat().st_size for p in files),
+                       seconds=round(time.monotonic() - self.started, 1),
+                       created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                       **meta)
+        (self.staging / META).write_text(doc.model_dump_json())
+        try:
+            if is_s3(self.where):
+                for path in files:
+                    put_object(_join(self.where, path.name), path)
+                put_object(_join(self.where, META), self.staging / META)
+            else:
+                self._replace_local(Path(self.where))
+        finally:
+            self.abort()
+        return doc
+
+    def _replace_local(self, dest: Path) -> None:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+        if dest.exists():
+            dest.rename(old)  # a reader sees the old part or the new one, never a mix
+        shutil.copytree(self.staging, dest.with_name(f".{dest.name}.new-{os.getpid()}"))
+        dest.with_name(f".{dest.name}.new-{os.getpid()}").rename(dest)
+        shutil.rmtree(old, ignore_errors=True)
+
+    def abort(self) -> None:
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+
+class Bank:
+    """One part of a bank, read tensor by tensor (byte ranges; ranged GETs on s3)."""
+
+    def __init__(self, where: str, meta: BankMeta, store):
+        self.where, self.meta, self.store = where, meta, store
+        self.pieces: dict[tuple[int, str], list[tuple[int, int, str]]] = {}
+        for name in store.tensors:
+            w, what, start = name.split("/")
+            rows = store.shape(name)[0]
+            self.pieces.setdefault((int(w[1:]), what), []).append((int(start), int(start) + rows,
+                                                                   name))
+        for found in self.pieces.values():
+            found.sort()
+
+    @classmethod
+    def open(cls, root: str, key: str, part: str, log=print) -> "Bank | None":
+        """The part if it is complete and readable; None (said in the log) otherwise."""
+        from day0.checkpoint_io import open_reader
+        from day0.errors import Day0Error
+        from day0.safetensors_header import read_header
+        from day0.torchkit.weights import WeightStore
+
+        where = _join(root, key, part)
+        try:
+            raw = _read(_join(where, META))
+            if raw is None:
+                return None
+            meta = BankMeta.model_validate_json(raw)
+            if meta.format != FORMAT or meta.key != key or meta.part != part:
+                raise ValueError(f"bank.json names format {meta.format}, key {meta.key}, "
+                                 f"part {meta.part}")
+            reader = open_reader(where)
+            tensors, problems = {}, []
+            for shard in (n for n in reader.names() if n.endswith(".safetensors")):
+                tensors.update(read_header(reader, shard, problems) or {})
+            if problems:
+                raise ValueError(problems[0].message)
+            if meta.ops is not None and OPS not in reader.names():
+                raise ValueError(f"{OPS} is missing")
+            return cls(where, meta, WeightStore(where, tensors=tensors))
+        except (Day0Error, ValidationError, ValueError, OSError) as exc:
+            log(f"reference bank: {where} is unreadable ({str(exc).splitlines()[0][:200]}); "
+                "recomputing it")
+            return None
+
+    def window(self, ids: list[int]) -> int:
+        return self.meta.windows.index(window_digest(ids))
+
+    def rows(self, w: int, what: str, a: int, b: int) -> torch.Tensor | None:
+        """Positions [a, b) of window w's ``what`` in float32 (int64 for routes); None when the
+        bank holds none of it."""
+        parts = []
+        for start, end, name in self.pieces.get((w, what), []):
+            lo, hi = max(a, start), min(b, end)
+            if lo < hi:
+                parts.append(self.store.read(name, rows=(lo - start, hi - start)))
+        if not parts:
+            return None
+        out = torch.cat(parts) if len(parts) > 1 else parts[0]
+        if out.shape[0] != b - a:
+            raise ValueError(f"{self.where}: window {w} {what} covers {out.shape[0]} of "
+                             f"positions {a}-{b}")
+        return out.float() if out.is_floating_point() else out
+
+    def ops(self) -> dict | None:
+        raw = _read(_join(self.where, OPS))
+        if raw is None:
+            return None
+        import io
+
+        return torch.load(io.BytesIO(raw), weights_only=True)  # never unpickle code from a store
+
+
+def size_text(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
+
+
+__all__ = ["Bank", "BankWriter", "BankMeta", "bank_key", "bank_root", "window_digest",
+           "size_text", "FORMAT"]
