@@ -1,5 +1,5 @@
-"""One real vLLM for CPU per test session, serving the tiny-llama fixture (bf16) as the built-in
-`vllm-cpu-bf16` target launches it; tests of engine stages attach to it.
+"""One real vLLM for CPU for the tests in this package, serving the tiny-llama fixture (bf16) as
+the built-in `vllm-cpu-bf16` target launches it; tests of engine stages attach to it.
 
 `make test` installs the engine venv first (`make engine`). DAY0_TEST_ENGINE_URL attaches to an
 engine you started yourself instead (faster while developing; same model, served as
@@ -24,7 +24,7 @@ def engine_target(**engine):
     return target.model_copy(update={"engine": target.engine.model_copy(update=engine)})
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # stopped after tests/engines: idle, it still holds ~2 GiB
 def tiny_llama_engine():
     """Endpoint of a running vLLM serving tiny-llama as 'day0-model' (plain configuration)."""
     from day0.engines.process import engine_python, launched

@@ -297,6 +297,7 @@ def run(config: Config, inputs: StageInputs, *, memo: Memo | None = None) -> Res
     banked_scan = plan.reference.meta.weight_problems if plan.reference is not None else None
     if config.check_weights and banked_scan is not None:
         problems += banked_scan
+        progress.update("weights", 1, 1, detail="the weight scan's findings, from the bank")
     elif config.check_weights:  # shards read in place when no model needs them local
         from day0 import sanity
 
