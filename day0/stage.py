@@ -22,7 +22,7 @@ from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from day0 import lifecycle, progress
+from day0 import lifecycle, progress, stagehost
 from day0.atomic import write_atomic
 from day0.budget import StageBudget, for_spec
 from day0.contract import StageInputs
@@ -166,9 +166,7 @@ def run_stage(spec: StageSpec, *, timeout_s: float | None = None,
         child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}),
                      lifecycle.OWNER_ENV: lifecycle.owner_token(),
                      lifecycle.SCRATCH_ENV: str(scratch)}
-        proc = subprocess.Popen([sys.executable, "-m", "day0.stage", str(spec_file), str(result_file)],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env=child_env, start_new_session=True)
+        proc = _start_child([str(spec_file), str(result_file)], child_env, log)
 
         _RUNNING.add(proc.pid)
         beat = progress.Heartbeat(spec.stage, log, rss=lambda: group_rss_bytes(proc.pid))
@@ -192,6 +190,10 @@ def run_stage(spec: StageSpec, *, timeout_s: float | None = None,
         lifecycle.kill_group(proc.pid)  # children the stage left behind go with it
         reader.join(timeout=5)
         seconds = time.monotonic() - started
+        if getattr(proc, "host_died", False) and not killed_for:
+            return _failed(spec, "crash", f"the warm stage host (pid {proc.host_pid}) died while "
+                           f"stage '{spec.stage}' ran; the stage was killed with it",
+                           proc.returncode, seconds, tail, budget)
         if killed_for:
             return _failed(spec, "timeout" if killed_for == "time" else "oom",
                            budget.exceeded(spec.stage, killed_for), proc.returncode, seconds, tail,
@@ -204,6 +206,18 @@ def run_stage(spec: StageSpec, *, timeout_s: float | None = None,
                        seconds, tail, budget)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _start_child(argv: list[str], env: dict, log: Callable[[str], None]):
+    """The stage child: forked from the warm host (day0.stagehost) when it can be, else a cold
+    `python -m day0.stage` (DAY0_STAGE_HOST=0, or a host that cannot start)."""
+    if stagehost.enabled():
+        try:
+            return stagehost.host_for(env).spawn("day0.stage:main", argv, env, os.getcwd())
+        except stagehost.HostUnavailable as exc:
+            log(f"{exc}; starting the stage cold")
+    return subprocess.Popen([sys.executable, "-m", "day0.stage", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
 
 
 def _supervise(proc: subprocess.Popen, budget: StageBudget, started: float,

@@ -21,7 +21,7 @@ from prefect.runtime import flow_run
 from prefect.states import Completed, Failed, State
 
 from day0 import gates as gating
-from day0 import identity, labels, pipeline, request, stages as registry
+from day0 import identity, labels, pipeline, request, stagehost, stages as registry
 from day0 import report as reporting
 from day0.contract import StageInputs
 from day0.stage import StageOutcome, interrupt_running
@@ -72,6 +72,8 @@ def validate(source: str, target: str | None = "cpu-bf16", target_file: str | No
     logger = get_run_logger()
     start_of_run(logger)  # own this run by pid; crash runs and sweep folders of dead processes
     target_profile = resolve_target(target, target_file)
+    if target_profile.runner == "process":  # the host's imports overlap the checks below
+        stagehost.prewarm()
     gate_file = gating.load_gates(gates)  # config errors stop the run before any stage
     configs = request.with_promotion(stage_configs or {}, promote_baseline)
     pipeline.check_configs(configs)

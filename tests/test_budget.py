@@ -11,7 +11,7 @@ from day0.contract import StageInputs
 from day0.stage import StageSpec, run_stage
 from day0.stages import BUILTIN
 from day0.targets import resolve_target
-from tests.conftest import MODELS
+from tests.conftest import MODELS, PLUGINS
 
 SMOLLM2 = 134_515_008  # SmolLM2-135M's params.total
 
@@ -88,8 +88,9 @@ def test_exceeding_a_derived_budget_is_an_oom_error_naming_it(tmp_path, monkeypa
 
 def test_exceeding_a_derived_time_budget_names_it(tmp_path, monkeypatch):
     monkeypatch.setenv(budget.BUDGETS_ENV, str(tiny_factors(tmp_path, fixed_gib=8, fixed_s=0.5)))
-    spec = StageSpec(stage="analysis", inputs=StageInputs(source=str(MODELS / "tiny-llama"),
-                                                          target=cpu_bf16()))
+    # the hang plugin never returns: the stage ends only by its budget
+    spec = StageSpec(stage="alignment", inputs=StageInputs(
+        source=str(MODELS / "tiny-llama"), target=cpu_bf16(plugins=[str(PLUGINS / "hang.py")])))
     outcome = run_stage(spec)
     assert outcome.failure == "timeout"
     assert "exceeded its time budget of 0.5 s" in outcome.error
@@ -112,8 +113,9 @@ def test_over_budget_stage_gives_error_verdict_with_the_reason(prefect_server, t
     tfile = tmp_path / "t.yaml"
     tfile.write_text(yaml.safe_dump({"name": "cpu-bf16-budget", "device": "cpu",
                                      "dtype": "bfloat16"}))
+    # the stages whose budgets it reads (analysis runs before them)
     report = report_of(validate(source=str(MODELS / "tiny-llama"), target_file=str(tfile),
-                                use_cache=False, return_state=True))
+                                use_cache=False, stages=["scan", "alignment"], return_state=True))
     assert report["verdict"] == "ERROR"
     alignment = report["stages"]["alignment"]
     assert alignment["failure"] == "oom"

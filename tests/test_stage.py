@@ -58,8 +58,10 @@ def test_crash_becomes_failed_stage_naming_sigkill():
 
 
 def test_timeout_kills_the_stage():
-    outcome = run_stage(spec(), timeout_s=0.5)
-    assert not outcome.ok and outcome.failure == "timeout" and "0.5 s" in outcome.error
+    # the hang plugin sleeps where the target is built: a stage that never ends by itself
+    outcome = run_stage(spec(stage="alignment", source=str(FIXTURES / "models" / "tiny-llama"),
+                             plugins=[str(PLUGINS / "hang.py")]), timeout_s=3)
+    assert not outcome.ok and outcome.failure == "timeout" and "3 s" in outcome.error
 
 
 def test_memory_limit_kills_the_stage():

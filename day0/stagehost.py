@@ -1,0 +1,354 @@
+"""The warm stage host: stage processes forked from a process that has already imported the stack.
+
+A cold ``python -m day0.stage`` pays for importing torch, transformers, lm-eval and day0 before
+its first line of work (seconds per stage, most of a small model's validation). The host pays
+that once: ``python -m day0.stagehost`` imports the stack, then forks one child per stage
+request. A child is the same contract as a cold stage process (``day0.stage.main`` with
+SPEC.json and RESULT.json), and keeps what ``run_stage`` relies on:
+
+* its own process group (killed whole on timeout or memory), its own memory (returned to the OS
+  when it exits; its peak RSS is reset at start, so it does not report the host's);
+* the owner's environment and working directory of the moment it was asked for;
+* ``lifecycle.guard_stage``: it dies with the host (PR_SET_PDEATHSIG) and with its owner.
+
+What a forked child shares with the host, unlike a cold process: the modules imported before the
+fork (a stage sees the code of the moment the host started) and their import-time settings. So a
+host is keyed by the environment variables read at import time (``IMPORT_TIME_ENV``, the Python
+executable): a change gives a new host. The host runs no torch work itself (no thread pools to
+inherit) and is single-threaded, so forking it is safe.
+
+The host exits when its owner goes (its stdin closes). A host that dies while a stage runs is seen
+by the owner as a closed connection: ``HostedProcess.host_died`` (an ERROR naming the host).
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from day0 import lifecycle
+
+# read when a module is imported (libgomp's thread count, hub offline mode, ...): a forked child
+# would keep the host's values, so they are part of the host's key
+IMPORT_TIME_ENV = ("OMP_", "MKL_", "KMP_", "OPENBLAS_", "GOTO", "TORCH", "PYTORCH", "CUDA",
+                   "NVIDIA", "HF_", "HUGGINGFACE", "TRANSFORMERS", "TOKENIZERS", "DATASETS",
+                   "LD_", "PYTHON", "MALLOC", "DAY0_STAGE_HOST")
+# one stage's own settings (its owner, its scratch folder): a child gets them, the host does not
+PER_STAGE_ENV = (lifecycle.OWNER_ENV, lifecycle.SCRATCH_ENV)
+DISABLE_ENV = "DAY0_STAGE_HOST"  # "0": every stage starts cold, as `python -m day0.stage`
+START_TIMEOUT_S = 300.0
+
+
+def enabled() -> bool:
+    return os.environ.get(DISABLE_ENV, "1") != "0" and hasattr(os, "fork") \
+        and hasattr(socket, "send_fds")
+
+
+def host_key(env: dict[str, str]) -> tuple:
+    # PYTHONUNBUFFERED: a child's stdout is made line-buffered whatever the host had
+    return (sys.executable, tuple(sorted((k, v) for k, v in env.items()
+                                         if k.startswith(IMPORT_TIME_ENV)
+                                         and k != "PYTHONUNBUFFERED")))
+
+
+# ---------------------------------------------------------------- the owner's side
+
+
+class HostUnavailable(RuntimeError):
+    """The host could not be started or reached: the caller starts the stage cold instead."""
+
+
+class HostedProcess:
+    """A stage child of the host, with the slice of subprocess.Popen that run_stage uses."""
+
+    def __init__(self, conn: socket.socket, stdout, pid: int, host_pid: int):
+        self._conn, self.stdout, self.pid, self.host_pid = conn, stdout, pid, host_pid
+        self.returncode: int | None = None
+        self.host_died = False
+        self._buffer = b""
+
+    def _read(self, block: bool) -> None:
+        self._conn.setblocking(block)
+        try:
+            chunk = self._conn.recv(4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:  # the host went away before saying how the child ended
+            self.host_died, self.returncode = True, -signal.SIGKILL
+            return
+        self._buffer += chunk
+        if b"\n" in self._buffer:
+            self.returncode = int(json.loads(self._buffer.split(b"\n", 1)[0])["exit"])
+
+    def poll(self) -> int | None:
+        while self.returncode is None:
+            before = len(self._buffer)
+            self._read(block=False)
+            if self.returncode is None and len(self._buffer) == before:
+                break
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired("day0.stage", timeout)
+            self._read(block=True)
+        self._conn.close()
+        return self.returncode
+
+
+class StageHost:
+    """One warm host process; `spawn` forks a stage child from it."""
+
+    def __init__(self, env: dict[str, str]):
+        self._dir = tempfile.mkdtemp(prefix="day0-host-")
+        self.socket_path = str(Path(self._dir) / "host.sock")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "day0.stagehost", self.socket_path], stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+            env={k: v for k, v in env.items() if k not in PER_STAGE_ENV})
+        self._ready = threading.Event()
+        self._error: str | None = None
+        threading.Thread(target=self._await_ready, daemon=True).start()
+
+    def _await_ready(self) -> None:
+        line = self.proc.stderr.readline().decode(errors="replace").strip()
+        if line != "ready":
+            self._error = line or f"exited with code {self.proc.wait()}"
+        self._ready.set()
+        for _ in self.proc.stderr:  # keep the pipe drained (import warnings)
+            pass
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None and self._error is None
+
+    def spawn(self, entry: str, argv: list[str], env: dict[str, str], cwd: str) -> HostedProcess:
+        """Fork a child that runs `entry` ("module:function", called with argv, as `python -m`)."""
+        if not self._ready.wait(START_TIMEOUT_S) or self._error or not self.alive():
+            raise HostUnavailable(f"stage host (pid {self.proc.pid}) did not start: "
+                                  f"{self._error or 'timed out'}")
+        read_end, write_end = os.pipe()
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.connect(self.socket_path)
+            request = json.dumps({"entry": entry, "argv": argv, "env": env, "cwd": cwd}).encode()
+            socket.send_fds(conn, [len(request).to_bytes(8, "big") + request], [write_end])
+            os.close(write_end)
+            write_end = -1
+            reply = b""
+            while not reply.endswith(b"\n"):
+                chunk = conn.recv(256)
+                if not chunk:
+                    raise OSError("connection closed")
+                reply += chunk
+            pid = int(json.loads(reply)["pid"])
+        except (OSError, ValueError, KeyError) as exc:
+            conn.close()
+            os.close(read_end)
+            if write_end >= 0:
+                os.close(write_end)
+            raise HostUnavailable(f"stage host (pid {self.proc.pid}) did not fork: {exc}") from exc
+        return HostedProcess(conn, os.fdopen(read_end, "r", errors="replace"), pid, self.proc.pid)
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()  # the host's signal to leave
+            self.proc.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+        for name in ("host.sock",):
+            Path(self._dir, name).unlink(missing_ok=True)
+        os.rmdir(self._dir) if os.path.isdir(self._dir) else None
+
+
+_hosts: dict[tuple, StageHost] = {}
+_hosts_lock = threading.Lock()
+MAX_HOSTS = 2  # each holds the imported stack (~1 GiB): older ones are closed
+
+
+def host_for(env: dict[str, str]) -> StageHost:
+    """The warm host for this environment, started (in the background) if there is none."""
+    key = host_key(env)
+    with _hosts_lock:
+        host = _hosts.get(key)
+        if host is not None and not host.alive():
+            _hosts.pop(key).close()
+            host = None
+        if host is None:
+            while len(_hosts) >= MAX_HOSTS:
+                _hosts.pop(next(iter(_hosts))).close()
+            host = _hosts[key] = StageHost(env)
+        else:
+            _hosts[key] = _hosts.pop(key)  # most recently used last
+        return host
+
+
+def prewarm(env: dict[str, str] | None = None) -> None:
+    """Start the host for this environment now, so its imports overlap other start-up work."""
+    if enabled():
+        host_for(dict(os.environ if env is None else env))
+
+
+@atexit.register
+def close_all() -> None:
+    with _hosts_lock:
+        while _hosts:
+            _hosts.popitem()[1].close()
+
+
+# ---------------------------------------------------------------- the host's side
+
+
+def _child(request: dict, out_fd: int, listener: socket.socket, stdin_fd: int) -> None:
+    """In the forked child: become the stage process the request describes, never return."""
+    code = 70
+    try:
+        listener.close()
+        os.close(stdin_fd)
+        os.setpgid(0, 0)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL if sig != signal.SIGINT else signal.default_int_handler)
+        os.dup2(out_fd, 1)
+        os.dup2(out_fd, 2)
+        os.close(out_fd)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.chdir(request["cwd"])
+        extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
+        sys.path[:] = [request["cwd"]] + [p for p in extra if p not in sys.path] + sys.path[1:]
+        module_name, _, function_name = request["entry"].partition(":")
+        sys.argv = [module_name, *request["argv"]]
+        sys.stdout.reconfigure(line_buffering=True, write_through=True)
+        sys.stderr.reconfigure(line_buffering=True, write_through=True)
+        from day0 import memory
+        memory.reset_peak_rss()  # the peak is the stage's own, not the host's
+        # By name, as `python -m` would: the host knows no stage code (and imports none upward).
+        entry = getattr(importlib.import_module(module_name), function_name or "main")
+        try:
+            code = entry(request["argv"])
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        try:
+            atexit._run_exitfuncs()
+        except Exception:  # noqa: BLE001 - exit handlers must not change the stage's status
+            pass
+    except BaseException:  # noqa: BLE001 - a fork child never returns into the host's loop
+        import traceback
+        traceback.print_exc()
+        code = 70
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code if isinstance(code, int) else 1)
+
+
+def _status_code(status: int) -> int:
+    """As subprocess.Popen.returncode: the exit code, or minus the signal that killed it."""
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+def serve(socket_path: str) -> None:
+    """The host's loop: fork a child per request, tell its requester the pid and the exit code."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the owner decides when stages stop
+    import yaml
+
+    from day0 import DATA_DIR
+
+    for name in yaml.safe_load((DATA_DIR / "stagehost.yaml").read_text())["preload"]:
+        try:
+            __import__(name)
+        except Exception:  # noqa: BLE001 - a child imports what is missing, and reports it
+            pass
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(socket_path)
+    os.chmod(socket_path, 0o600)
+    listener.listen(16)
+    stdin_fd = sys.stdin.fileno()
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ, "listen")
+    selector.register(stdin_fd, selectors.EVENT_READ, "owner")
+    waiting: dict[int, socket.socket] = {}  # child pid -> its requester's connection
+    sys.stderr.write("ready\n")
+    sys.stderr.flush()
+    while True:
+        for key, _ in selector.select(timeout=0.1):
+            if key.data == "owner":
+                if not os.read(stdin_fd, 4096):  # the owner is gone: so are we (children too)
+                    return
+            else:
+                conn, _ = listener.accept()
+                pid = _fork_for(conn, listener, stdin_fd)
+                if pid is None:
+                    conn.close()
+                else:
+                    waiting[pid] = conn
+        while waiting:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            conn = waiting.pop(pid, None)
+            if conn is not None:
+                try:
+                    conn.sendall(json.dumps({"exit": _status_code(status)}).encode() + b"\n")
+                except OSError:
+                    pass
+                conn.close()
+
+
+def _fork_for(conn: socket.socket, listener: socket.socket, stdin_fd: int) -> int | None:
+    conn.settimeout(10)
+    try:
+        header, fds, _, _ = socket.recv_fds(conn, 8, 1)
+        if len(header) != 8 or len(fds) != 1:
+            return None
+        size, body = int.from_bytes(header, "big"), b""
+        while len(body) < size:
+            chunk = conn.recv(size - len(body))
+            if not chunk:
+                return None
+            body += chunk
+        request = json.loads(body)
+    except (OSError, ValueError):
+        return None
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        conn.close()
+        _child(request, fds[0], listener, stdin_fd)
+    os.close(fds[0])
+    try:
+        os.setpgid(pid, pid)  # also here: the owner may signal the group before the child ran
+    except OSError:
+        pass
+    try:
+        conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+    except OSError:
+        pass
+    return pid
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])
