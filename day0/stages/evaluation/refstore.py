@@ -18,7 +18,7 @@ from day0.atomic import write_atomic
 from day0.stages.evaluation.config import Config
 from day0.targets import Target
 
-FORMAT = 1
+FORMAT = 2
 
 
 def key(*, weights: str, tasks: list, reference: Target, config: Config, lm_eval_version: str,
