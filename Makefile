@@ -40,8 +40,8 @@ test: lint
 
 setup: images browser engine
 
-# The inner loop: every test but those marked docker, engine,
-# browser, real_model or slow; `make test` runs them all.
+# The inner loop: every test not marked docker, engine, browser, real_model or slow;
+# `make test` runs them all.
 test-fast: lint
 	$(PY) -m pytest -m "not docker and not engine and not browser and not real_model and not slow" \
 	  $(PYTEST_ARGS)

@@ -70,8 +70,10 @@ class Day0LM(HFLM):
         import torch
 
         # lm-eval slices each row by the logits' length (its virtual-token offset): the tail is
-        # scored exactly like the full sequence
-        with torch.no_grad():
+        # scored exactly like the full sequence; HFLM's autocast kept (mixed_precision_dtype)
+        with torch.no_grad(), torch.autocast(device_type=self.device.type,
+                                             dtype=self.mixed_precision_dtype,
+                                             enabled=self.mixed_precision_dtype is not None):
             return self.model(inps, logits_to_keep=keep).logits
 
 

@@ -38,7 +38,7 @@ def test_loglikelihoods_equal_the_whole_sequence_ones(tiny_llama_lm):
     rng = random.Random(0)
     vocab = tiny_llama_lm.model.config.vocab_size
     requests = []
-    for i in range(24):
+    for _ in range(24):
         context = [rng.randrange(1, vocab) for _ in range(rng.randrange(1, 90))]
         for continuation in ([rng.randrange(vocab)], [rng.randrange(vocab) for _ in range(5)]):
             requests.append((("c", "x"), context, continuation))
