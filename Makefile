@@ -40,10 +40,10 @@ test: lint
 
 setup: images browser engine
 
-# The inner loop: every test not marked docker, engine, browser, real_model or slow;
-# `make test` runs them all.
+# The inner loop (under 5 min on 2 cores): every test not marked docker, engine, browser,
+# real_model, slow or integration (a whole Prefect flow); `make test` runs them all.
 test-fast: lint
-	$(PY) -m pytest -m "not docker and not engine and not browser and not real_model and not slow" \
+	$(PY) -m pytest -m "not docker and not engine and not browser and not real_model and not slow and not integration" \
 	  $(PYTEST_ARGS)
 
 # vLLM for CPU in a venv of its own (it pins an older transformers), cached per machine under

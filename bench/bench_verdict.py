@@ -9,7 +9,9 @@ Prints, each a fresh process as a user runs it:
   * validate  - `day0 validate MODEL` from an empty stage cache (cold) and again with
                 `--no-cache` (nothing reused: every stage recomputed), each with its own
                 temporary Prefect server as a first-time user gets
-  * per stage - report.json's seconds of the cold run, and the rest (server, flow, host)
+  * kept      - `day0 server start` (once), then `day0 validate MODEL --no-cache` attached to it
+                (what a second validation costs when the server is kept between commands)
+  * per stage - report.json's seconds of each run, and the rest (server, flow, host)
 With --real also SmolLM2-135M-Instruct (scripts/fetch_real_models.py) at default settings:
 its verdict, wall time and each stage's seconds against its budget.
 """
@@ -57,7 +59,7 @@ def main() -> int:
     parser.add_argument("--real", action="store_true", help="also SmolLM2-135M at default settings")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="day0-bench-verdict-"))
-    env = {**os.environ, "DAY0_CACHE_DIR": str(work / "cache"),
+    env = {**os.environ, "DAY0_CACHE_DIR": str(work / "cache"), "DAY0_SERVER_DIR": str(work / "server"),
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1"}
     env.pop("PREFECT_API_URL", None)
     model = MODELS / args.model
@@ -69,16 +71,26 @@ def main() -> int:
     assert proc.returncode == 0, proc.stderr[-2000:]
     cold_s, cold = validate(model, args.target, env, work / "cold")
     nocache_s, again = validate(model, args.target, env, work / "again", "--no-cache")
+    server_s, proc = day0("server", "start", env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    try:
+        kept_s, kept = validate(model, args.target, env, work / "kept", "--no-cache")
+    finally:
+        day0("server", "stop", env=env)
 
     rows = [("import torch+transformers+lm_eval (best of 3)", base),
             (f"day0 analyze {args.model}", analyze_s),
             (f"day0 validate {args.model} (cold)", cold_s),
-            (f"day0 validate {args.model} --no-cache", nocache_s)]
+            (f"day0 validate {args.model} --no-cache", nocache_s),
+            ("day0 server start (once)", server_s),
+            (f"day0 validate {args.model} --no-cache, kept server", kept_s)]
     print(f"{'what':58} {'seconds':>8} {'x import':>9}")
     for what, seconds in rows:
         print(f"{what:58} {seconds:8.1f} {seconds / base:9.2f}")
-    print(f"verdicts: cold {cold['verdict']}, --no-cache {again['verdict']}")
-    for label, report, total in (("cold", cold, cold_s), ("--no-cache", again, nocache_s)):
+    print(f"verdicts: cold {cold['verdict']}, --no-cache {again['verdict']}, kept server "
+          f"{kept['verdict']}")
+    for label, report, total in (("cold", cold, cold_s), ("--no-cache", again, nocache_s),
+                                 ("kept server", kept, kept_s)):
         stages = stage_seconds(report)
         split = ", ".join(f"{k} {v:.1f}" for k, v in stages.items())
         print(f"{label} per stage (s): {split}; outside stages {total - sum(stages.values()):.1f}")

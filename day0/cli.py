@@ -109,6 +109,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("file", nargs="?", default=None, help="gates file (default ./gates.yaml)")
     _add_hooks_parser(sub)
     _add_stack_parser(sub)
+    _add_server_parser(sub)
     return parser
 
 
@@ -123,6 +124,22 @@ def _add_hooks_parser(sub) -> None:
     s.add_argument("--config", default=None, help="receiver YAML (see day0/data/receiver.yaml)")
     s.add_argument("--host", default=None, help="listen address (default from config: 127.0.0.1)")
     s.add_argument("--port", type=int, default=None, help="listen port (default from config: 8787)")
+
+
+def _add_server_parser(sub) -> None:
+    p = sub.add_parser("server", help="one Prefect server (API and UI) kept for later day0 commands",
+                       description="A Prefect server that `day0 validate` attaches to when "
+                                   "PREFECT_API_URL is not set, instead of starting a temporary "
+                                   "one per command; state under "
+                                   "${XDG_STATE_HOME:-~/.local/state}/day0/server.")
+    server = p.add_subparsers(dest="server_command", required=True, metavar="SUBCOMMAND")
+    s = server.add_parser("start", help="start it (or report the one running) and return")
+    s.add_argument("--port", type=int, default=None, help="port (default 4200 if free, else a free one)")
+    s.add_argument("--idle-minutes", type=float, default=30.0, help=(
+        "stop after this long with no day0 command attached and no flow run busy (30)"))
+    s.add_argument("--timeout", type=float, default=180.0, help="seconds it may take to answer (180)")
+    server.add_parser("stop", help="stop it")
+    server.add_parser("status", help="its address, busy runs and idle time (exit 1 unless it runs)")
 
 
 def _add_stack_parser(sub) -> None:
@@ -272,6 +289,21 @@ def cmd_hooks(args) -> int:
     return 0
 
 
+def cmd_server(args) -> int:
+    from day0.orchestration import server
+
+    if args.server_command == "start":
+        if args.idle_minutes <= 0 or args.timeout <= 0:
+            print("day0: error: --idle-minutes and --timeout must be positive", file=sys.stderr)
+            return 2
+        server.start(port=args.port, idle_minutes=args.idle_minutes, timeout_s=args.timeout)
+        return 0
+    if args.server_command == "stop":
+        server.stop()
+        return 0
+    return 0 if server.status() else 1
+
+
 def cmd_stack(args) -> int:
     from day0 import stack
 
@@ -290,7 +322,7 @@ def cmd_stack(args) -> int:
 
 COMMANDS = {"analyze": cmd_analyze, "scan": cmd_scan, "validate": cmd_validate, "serve": cmd_serve,
             "targets": cmd_targets, "metrics": cmd_metrics, "gates": cmd_gates,
-            "hooks": cmd_hooks, "stack": cmd_stack, "baseline": cmd_baseline,
+            "hooks": cmd_hooks, "stack": cmd_stack, "server": cmd_server, "baseline": cmd_baseline,
             "reference": cmd_reference}
 
 

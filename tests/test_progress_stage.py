@@ -27,6 +27,7 @@ def spec(**config) -> StageSpec:
         source=str(MODELS / "tiny-llama"), target=resolve_target("cpu-bf16")))
 
 
+@pytest.mark.slow
 def test_silent_stage_gets_one_heartbeat_and_progress_stays_out_of_the_tail(ticker):
     said: list[str] = []
     outcome = run_stage(spec(steps=3, silent_s=12), log=said.append, timeout_s=120,

@@ -6,6 +6,8 @@ before Prefect starts) and returns report.json as a dict.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 from typing import Callable
 
@@ -15,8 +17,36 @@ from day0.request import ValidateRequest
 FLOW = "validate"
 
 
+@contextlib.contextmanager
+def kept_server_settings():
+    """Attach to the kept server (`day0 server start`) when it answers and no API URL is set
+    (environment or profile); else no change (Prefect starts its temporary server). The URL goes
+    into the environment and Prefect's process-global settings too: Prefect's own threads
+    (events, logs, heartbeats) read those, and with api.url unset one of them would start a
+    temporary server of its own."""
+    from prefect.context import refresh_global_settings_context
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from day0.orchestration import server
+
+    if PREFECT_API_URL.value() or (url := server.attach()) is None:
+        yield
+        return
+    print(f"day0: on the kept Prefect server {url.removesuffix('/api')} (`day0 server`)",
+          file=sys.stderr, flush=True)
+    os.environ["PREFECT_API_URL"] = url
+    refresh_global_settings_context()
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: url}):
+            yield
+    finally:
+        os.environ.pop("PREFECT_API_URL", None)
+        refresh_global_settings_context()
+
+
 def validate(request: ValidateRequest) -> dict:
-    """Run the flow in this process (against PREFECT_API_URL, else a temporary local server).
+    """Run the flow in this process (against PREFECT_API_URL, else the kept server of `day0
+    server start`, else a temporary local server).
 
     A SIGTERM during the run: the flow writes the report of what was measured and ends as
     Prefect ends a terminated run, which then re-sends the signal to the handler set here; it
@@ -36,7 +66,8 @@ def validate(request: ValidateRequest) -> dict:
     try:
         # a FAIL/ERROR/BROKEN run ends Failed: its report is the state's data (result() would
         # raise)
-        return report_of(flow(**request.as_parameters(), return_state=True))
+        with kept_server_settings():
+            return report_of(flow(**request.as_parameters(), return_state=True))
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

@@ -235,8 +235,12 @@ def write_client_env(layout: Layout, state: StackState, secrets: dict[str, str])
 
 # ---------------------------------------------------------------------------- health checks
 
-def _get(url: str, headers: dict | None = None, timeout: float = 2.0) -> tuple[int, bytes]:
-    req = urllib.request.Request(url, headers=headers or {})
+def _get(url: str, headers: dict | None = None, timeout: float = 2.0,
+         json_body: dict | None = None) -> tuple[int, bytes]:
+    """(status, body) of a GET, or of a POST of json_body; status 0 when nothing answers."""
+    data = json.dumps(json_body).encode() if json_body is not None else None
+    headers = {**(headers or {}), **({"Content-Type": "application/json"} if data else {})}
+    req = urllib.request.Request(url, data=data, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, resp.read()

@@ -58,3 +58,11 @@ def engine_pids() -> set[int]:
         if state not in "ZX" and (b"vllm" in cmdline or cmdline.startswith(b"VLLM::")):
             found.add(int(proc.name))
     return found
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test on the package's engine is an engine test, marked or not: `make test-fast`
+    (-m "not engine") never starts vLLM for it."""
+    for item in items:
+        if "tiny_llama_engine" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.engine)

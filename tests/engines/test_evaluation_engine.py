@@ -14,6 +14,8 @@ from day0.targets import resolve_target
 from tests.conftest import ROOT
 from tests.engines.conftest import TINY_LLAMA, engine_target
 
+pytestmark = pytest.mark.engine
+
 
 def run_stage(target, endpoint=None):
     from day0.stages.evaluation import Result

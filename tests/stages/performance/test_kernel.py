@@ -68,6 +68,7 @@ def test_the_report_shows_the_profile_table_and_plot(promoted):
     assert set(plots(data)) == {"kernel-by-batch"}
 
 
+@pytest.mark.slow
 def test_a_clean_repeat_passes_and_a_slower_kernel_fails_naming_the_workload(promoted,
                                                                              perf_model, store):
     again = profile(perf_model, store)
