@@ -68,7 +68,7 @@ def test_validations_attach_to_the_kept_server_and_stop_ends_it(server_env, tmp_
                                                                  prefect_server):
     started = day0("server", "start", "--port", procs.pick_port([None], set()), env=server_env)
     assert started.returncode == 0, started.stderr[-2000:]
-    api_url = state(server_env)["api_url"]
+    api_url, port = state(server_env)["api_url"], state(server_env)["port"]
     again = day0("server", "start", env=server_env)
     assert again.returncode == 0 and "already running" in again.stdout
     assert state(server_env)["api_url"] == api_url  # one server, not two
@@ -95,12 +95,8 @@ def test_validations_attach_to_the_kept_server_and_stop_ends_it(server_env, tmp_
     assert day0("server", "status", env=server_env).returncode == 0
     stopped = day0("server", "stop", env=server_env)
     assert stopped.returncode == 0 and "stopped" in stopped.stdout
-    assert not procs.port_open(state_port(api_url))
+    assert not procs.port_open(port)
     assert day0("server", "status", env=server_env).returncode == 1
-
-
-def state_port(api_url: str) -> int:
-    return int(api_url.rsplit(":", 1)[1].split("/")[0])
 
 
 def test_an_idle_server_stops_by_itself(server_env):

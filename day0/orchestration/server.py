@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from day0 import lifecycle
+from day0.atomic import write_atomic
 from day0.errors import ConfigError, StackError
 from day0.paths import state_home
 from day0.stack import procs
@@ -162,11 +163,10 @@ def watch(root: Path, port: int, idle_minutes: float) -> int:
     ticks = procs.start_ticks(server.pid)
     stopping = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stopping.update(now=True))
-    (root / LAST_USED_FILE).touch()
     state = {"api_url": api_url, "port": port, "idle_minutes": idle_minutes,
              "watcher": {"pid": os.getpid(), "ticks": procs.start_ticks(os.getpid())},
              "server": {"pid": server.pid, "ticks": ticks}}
-    (root / STATE_FILE).write_text(json.dumps(state))
+    write_atomic(root / STATE_FILE, json.dumps(state))  # `start` polls it: never half-written
     answered = False
     try:
         while not stopping["now"] and server.poll() is None:
