@@ -12,6 +12,8 @@ FIXTURES = ROOT / "tests" / "fixtures"
 MODELS = FIXTURES / "models"
 HELDOUT = FIXTURES / "text" / "heldout.txt"
 PLUGINS = ROOT / "tests" / "plugins"
+# `make test`'s set-up runs beside the tests that do not need it (tests/setup_gate.py)
+pytest_plugins = ["tests.setup_gate"]
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -233,3 +233,34 @@ def test_rope_base_and_expert_swap_fail_on_every_fixture(fixture, eval_text):
     if fixture != "tiny-llama":
         swap = _alignment_gates_failing(check(["expert_swap"]))
         assert {"kl-vs-control", "layers-aligned"} <= swap
+
+
+def test_a_memo_judges_a_target_again_under_another_claim_without_a_forward(tiny_llama,
+                                                                           eval_text,
+                                                                           monkeypatch):
+    """The last target is kept with the reference and control: judged again (another claim),
+    no model is loaded and no window runs, and the result equals a run without the memo."""
+    from day0.stages.alignment import Memo, sides
+
+    memo = Memo()
+
+    def judged(claim, memo):
+        target = Target(name="cpu-bf16", device="cpu", dtype="bfloat16", claim=claim,
+                        plugins=[str(PLUGINS / "int8_weights.py")])
+        # no bank: the sides a run without the memo needs are all computed
+        return run(Config(text_file=str(eval_text), reference_bank="off", **FAST),
+                   StageInputs(source=str(tiny_llama), target=target), memo=memo)
+
+    judged("faithful", memo)
+    loads = []
+    real_load = sides.load_pretrained
+    monkeypatch.setattr(sides, "load_pretrained",
+                        lambda *a, **k: loads.append(a) or real_load(*a, **k))
+    again = judged("int8", memo)
+    assert loads == []
+    fresh = judged("int8", None)
+    assert len(loads) == 3  # reference, control and target: what the memo saved
+    a, b = again.metrics(), fresh.metrics()
+    assert {k: (a[k], b[k]) for k in a if not (a[k] == b[k] or a[k] != a[k] and b[k] != b[k])} \
+        == {}
+    assert again.layers == fresh.layers and again.generation == fresh.generation

@@ -22,7 +22,7 @@ from day0.stage import StageSpec, execute
 from tests.stages.performance import performance_gates
 from tests.engines.conftest import engine_target
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.timing]
 
 
 SLOW_FORWARD = Path(__file__).parent / "slow_forward"

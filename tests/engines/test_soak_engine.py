@@ -21,7 +21,7 @@ from day0.stage import StageSpec, execute
 from tests.conftest import ROOT
 from tests.engines.conftest import TINY_LLAMA, engine_target
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.timing]
 FAULTS = ROOT / "tests" / "fixtures" / "vllm_faults"
 
 

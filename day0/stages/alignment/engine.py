@@ -22,6 +22,7 @@ import torch
 from day0.stages.alignment.layers import Capture, LayerAccumulator, RouterAccumulator
 from day0.stages.alignment.logits import LogitAccumulator, bucket_index
 from day0.torchkit.evaltext import Window
+from day0.torchkit.kvcache import cache_argument
 from day0 import progress as stage_progress
 from day0.errors import TargetFault
 
@@ -48,7 +49,7 @@ class Side:
         x = torch.tensor([ids], device=self.device)
         cache = DynamicCache(config=self.model.config) if len(ids) > chunk else None
         # transformers 5.x renamed past_key_values to cache; remote code may still use the old
-        cache_kw = {} if cache is None else {_cache_argument(self.model): cache}
+        cache_kw = {} if cache is None else {cache_argument(self.model): cache}
         for start in range(0, len(ids), chunk):
             end = min(start + chunk, len(ids))
             positions = torch.arange(start, end, device=self.device)[None]
@@ -72,8 +73,8 @@ class MemoSide(Side):
     """A reference or control whose outputs are kept per window: validating several targets
     against one checkpoint (calibration, tests) computes each reference/control window once."""
 
-    def __init__(self, name: str, model, device: str):
-        super().__init__(name, model, device)
+    def __init__(self, name: str, model, device: str, plugins: list[str] | None = None):
+        super().__init__(name, model, device, plugins)
         self.kept: dict[tuple, list[Step]] = {}
 
     def steps(self, ids: list[int], chunk: int) -> Iterator[Step]:
@@ -81,16 +82,6 @@ class MemoSide(Side):
         if key not in self.kept:
             self.kept[key] = list(super().steps(ids, chunk))
         yield from self.kept[key]
-
-
-def _cache_argument(model) -> str:
-    import inspect
-
-    try:
-        params = inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return "past_key_values"
-    return "cache" if "cache" in params else "past_key_values"
 
 
 @dataclass

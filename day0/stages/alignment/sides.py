@@ -142,7 +142,9 @@ def load_sides(plan: BankPlan, *, streamed: bool, inputs, reference, control_pro
         load = lambda: load_pretrained(inputs.source, device=profile.device,  # noqa: E731
                                        dtype=profile.dtype,
                                        trust_remote_code=inputs.trust_remote_code)
-        if memo is not None and name != "target":
+        if memo is not None:  # the memo's target comes with its plugins applied
+            if name == "target":
+                return memo.target(inputs.source, profile, load)
             return memo.side(name, inputs.source, profile.device, profile.dtype, load)
         return Side(name, load(), profile.device, profile.plugins if name == "target" else None)
 
@@ -164,7 +166,7 @@ def load_sides(plan: BankPlan, *, streamed: bool, inputs, reference, control_pro
     tgt = None
     if not same:
         tgt = live("target", target)
-        if not streamed:
+        if not streamed and memo is None:
             apply_plugins(tgt.model, target.plugins)
     progress.update("models", total, total, detail="streamed: skeletons built, no weights"
                     if streamed else "models ready")

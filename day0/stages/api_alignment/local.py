@@ -3,12 +3,12 @@ implementation at the target's dtype), both on the reference device (cpu)."""
 
 from __future__ import annotations
 
-import inspect
 from typing import Iterator
 
 import torch
 
 from day0.engines.greedy import Step
+from day0.torchkit.kvcache import cache_argument
 
 
 class Side:
@@ -25,7 +25,7 @@ class Side:
 
         x = torch.tensor([ids], device=self.device)
         cache = DynamicCache(config=self.model.config) if len(ids) > chunk else None
-        cache_kw = {} if cache is None else {_cache_argument(self.model): cache}
+        cache_kw = {} if cache is None else {cache_argument(self.model): cache}
         for start in range(0, len(ids), chunk):
             end = min(start + chunk, len(ids))
             with torch.no_grad():
@@ -42,7 +42,7 @@ class Side:
 
         ids = torch.tensor(prompts, device=self.device)
         cache = DynamicCache(config=self.model.config)
-        cache_kw = {_cache_argument(self.model): cache}
+        cache_kw = {cache_argument(self.model): cache}
         steps: list[list[Step]] = [[] for _ in prompts]
         length = ids.shape[1]
         with torch.no_grad():
@@ -62,16 +62,6 @@ class Side:
                 out = self.model(input_ids=chosen[:, None].to(self.device), use_cache=True,
                                  position_ids=position, **cache_kw)
         return steps
-
-
-def _cache_argument(model) -> str:
-    """transformers 5.x calls the KV cache argument `cache`; older (and remote) code
-    `past_key_values`."""
-    try:
-        params = inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return "past_key_values"
-    return "cache" if "cache" in params else "past_key_values"
 
 
 __all__ = ["Side"]

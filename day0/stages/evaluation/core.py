@@ -78,7 +78,8 @@ def run(config: Config, inputs: StageInputs) -> Result:
             from day0.stages.evaluation.lmodels import torch_side
 
             lm = torch_side(source, reference, batch_size=config.batch_size,
-                            max_length=max_length, trust_remote_code=inputs.trust_remote_code)
+                            max_length=max_length, trust_remote_code=inputs.trust_remote_code,
+                            share_context=config.share_context)
             ref_records = _evaluate(lm, names, manager, config)
             del lm
             ref_source = "computed"
@@ -171,7 +172,8 @@ def _target_model(config: Config, inputs: StageInputs, source: str, max_length: 
                                    concurrency=config.concurrency,
                                    max_gen_toks=config.max_gen_toks)
     return lmodels.torch_side(source, target, batch_size=config.batch_size,
-                              max_length=max_length, trust_remote_code=inputs.trust_remote_code)
+                              max_length=max_length, trust_remote_code=inputs.trust_remote_code,
+                              share_context=config.share_context)
 
 
 def _pairs(task: str, ref: list[dict], tgt: list[dict]) -> list[tuple[dict, dict]]:

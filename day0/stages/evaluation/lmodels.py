@@ -18,6 +18,7 @@ from lm_eval.models.huggingface import HFLM
 from day0.engines.settings import Endpoint
 from day0.modeling import load_pretrained
 from day0.plugins import apply_plugins
+from day0.stages.evaluation import prefix
 from day0.targets import Target
 from day0.torchkit.evaltext import load_tokenizer
 
@@ -27,11 +28,12 @@ class Day0LM(HFLM):
     """lm-eval's HF model over a checkpoint loaded like a day0 torch target.
 
     model_args: pretrained (checkpoint folder), device, dtype, plugins ('|'-separated plug-in
-    specs, applied in order), trust_remote_code, batch_size, max_length."""
+    specs, applied in order), trust_remote_code, batch_size, max_length, share_context (score a
+    shared context once for all its continuations: day0.stages.evaluation.prefix)."""
 
     def __init__(self, pretrained: str, device: str = "cpu", dtype: str = "float32",
                  plugins: str = "", trust_remote_code: bool = False, batch_size: int = 8,
-                 max_length: int | None = None, **kwargs) -> None:
+                 max_length: int | None = None, share_context: bool = False, **kwargs) -> None:
         model = load_pretrained(pretrained, device=device, dtype=dtype,
                                 trust_remote_code=trust_remote_code)
         specs = [p for p in str(plugins).split("|") if p]
@@ -45,8 +47,35 @@ class Day0LM(HFLM):
         # at 8 x 2048 x 49152 fp32) and their log-softmax are never computed
         self._keeps_tail = "logits_to_keep" in inspect.signature(model.forward).parameters
         self._scored_from: dict[tuple[int, ...], int] | None = None
+        # a context's cache is repeated for its choices: plain attention layers only (a
+        # sliding-window or recurrent layer's cache of a padded prefix is not the prefix's)
+        self._share_context = (str(share_context).lower() in ("1", "true")
+                               and prefix.plain_attention(model.config))
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs=None):
+        if not self._share_context:
+            return self._whole(requests, disable_tqdm=disable_tqdm, override_bs=override_bs)
+        import torch
+
+        def score(contexts, continuations):
+            return prefix.score_batch(self.model, contexts, continuations,
+                                      softmax_dtype=self.softmax_dtype,
+                                      autocast_dtype=self.mixed_precision_dtype,
+                                      pad_id=self.tokenizer.pad_token_id or 0)
+
+        def cached(request, answer):  # lm-eval's request cache, as its own path fills it
+            if request[0] is not None:
+                self.cache_hook.add_partial("loglikelihood", request[0], answer)
+
+        dtype = self.softmax_dtype or self.mixed_precision_dtype or self.model.dtype
+        return prefix.loglikelihoods(
+            requests, max_length=self.max_length, score=score, on_answer=cached,
+            batch_tokens=int(self.batch_size) * self.max_length,
+            resolution=4 * torch.finfo(dtype).eps,
+            whole=lambda subset: self._whole(subset, disable_tqdm=True, override_bs=override_bs))
+
+    def _whole(self, requests, disable_tqdm: bool = False, override_bs=None):
+        """lm-eval's own path: one forward per request (batched), the scored tail only."""
         # per model input (lm-eval's own left truncation), the first position whose logits
         # any request scores; requests that share an input (lm-eval's context cache) take the min
         window = self.max_length + 1
@@ -99,12 +128,12 @@ def scored_tail(rows: list[list[int]], scored_from: dict[tuple[int, ...], int]) 
 
 
 def torch_side(source: str, side: Target, *, batch_size: int, max_length: int,
-               trust_remote_code: bool):
+               trust_remote_code: bool, share_context: bool = False):
     """The lm-eval model of a torch side (reference or target), from lm-eval's registry."""
     return get_model("day0").create_from_arg_obj({
         "pretrained": source, "device": side.device, "dtype": side.dtype,
         "plugins": "|".join(side.plugins), "trust_remote_code": trust_remote_code,
-        "batch_size": batch_size, "max_length": max_length})
+        "batch_size": batch_size, "max_length": max_length, "share_context": share_context})
 
 
 def engine_side(source: str, endpoint: Endpoint, target: Target, *, max_length: int,

@@ -28,7 +28,8 @@ def key(*, weights: str, tasks: list, reference: Target, config: Config, lm_eval
              "reference": [reference.device, reference.dtype, list(reference.plugins)],
              "num_fewshot": config.num_fewshot, "limit": config.limit, "seed": config.seed,
              "long_context": [config.long_context_items, long_context_tokens],
-             "max_gen_toks": config.max_gen_toks, "batch_size": config.batch_size}
+             "max_gen_toks": config.max_gen_toks, "batch_size": config.batch_size,
+             "share_context": config.share_context}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
 
 

@@ -15,7 +15,6 @@ the engine runs' own: TTFT's slowdown is the prefill's, TPOT's the decode's.
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import statistics
 import time
@@ -27,6 +26,7 @@ from day0.engines import workloads as wl
 from day0.errors import TargetFault
 from day0.stages.performance.compare import quantile
 from day0.stages.performance.result import Config, Request, RunRow
+from day0.torchkit.kvcache import cache_argument
 
 DEFINITIONS = ("day0's kernel profile (in-process PyTorch): prefill = one forward over batch x "
                "prompt tokens; decode = one greedy step per token from the prefill's KV cache; "
@@ -81,7 +81,7 @@ def prepare(config: Config, inputs: StageInputs, file: wl.WorkloadFile, names: l
     sync = (torch.accelerator.synchronize if target.device != "cpu"
             and hasattr(torch, "accelerator") else (lambda: None))
     done, total = [0], [0]
-    cache_name = _cache_name(model)  # transformers 5.x: `cache`; earlier: past_key_values
+    cache_name = cache_argument(model)  # transformers 5.x: `cache`; earlier: past_key_values
     progress.plan({"measurements": 1})
 
     def measure(run_ids: list[str] | None = None) -> tuple[list[RunRow], list[Request]]:
@@ -135,11 +135,6 @@ def _once(model, ids, steps: int, sync, target, name: str) -> tuple[float, float
                           fix="fix the target's kernels/plugins (the kernel profile's prefill "
                               "and decode)") from exc
     return (prefilled - started) * 1000, (done - started) * 1000
-
-
-def _cache_name(model) -> str:
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
 
 
 def _row(run_id: str, name: str, batch: int, prompt: int, steps: int,

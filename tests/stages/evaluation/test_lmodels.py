@@ -63,3 +63,97 @@ def test_loglikelihoods_equal_the_whole_sequence_ones(tiny_llama_lm):
     assert [b for _, b in tail] == [b for _, b in full]
     assert [ll for ll, _ in tail] == pytest.approx([ll for ll, _ in full], rel=1e-5, abs=1e-5)
     assert calls and max(calls) < 64  # only the scored tail was computed
+
+
+def _choice_requests(seed: int, vocab: int, items: int = 30, window: int = 64):
+    """Multiple-choice shaped requests: a context shared by 2-4 choices, plus a context too
+    long for the window (lm-eval truncates it) and a context of one token."""
+    rng = random.Random(seed)
+    requests = []
+    for _ in range(items):
+        context = [rng.randrange(1, vocab) for _ in range(rng.randrange(2, 50))]
+        for _ in range(rng.randrange(2, 5)):
+            choice = [rng.randrange(vocab) for _ in range(rng.randrange(1, 6))]
+            requests.append((("c", "x"), context, choice))
+    long_context = [rng.randrange(1, vocab) for _ in range(window + 10)]
+    requests += [(("c", "x"), long_context, [5]), (("c", "x"), long_context, [6, 7])]
+    requests += [(("c", "x"), [9], [3]), (("c", "x"), [9], [4, 4])]
+    rng.shuffle(requests)
+    return requests
+
+
+@pytest.fixture(scope="module")
+def sharing_lm():
+    return Day0LM(pretrained=str(MODELS / "tiny-llama"), device="cpu", dtype="float32",
+                  batch_size=4, max_length=64, share_context=True)
+
+
+def test_shared_contexts_answer_like_whole_sequences_with_fewer_tokens(sharing_lm):
+    """A context shared by several choices runs once: every answer equals the whole-sequence
+    one (to fp32 rounding, the same greedy flags), in request order, with a third of the
+    tokens; truncated and one-token contexts take lm-eval's own path."""
+    requests = _choice_requests(1, sharing_lm.model.config.vocab_size)
+    tokens = []
+    forward = sharing_lm.model.forward
+
+    def spy(*args, **kwargs):
+        ids = args[0] if args else kwargs["input_ids"]
+        tokens.append(ids.numel())
+        return forward(*args, **kwargs)
+
+    sharing_lm.model.forward = spy
+    try:
+        shared = sharing_lm._loglikelihood_tokens(requests, disable_tqdm=True)
+        shared_tokens, tokens[:] = sum(tokens), []
+        whole = sharing_lm._whole(requests, disable_tqdm=True)
+        whole_tokens = sum(tokens)
+    finally:
+        sharing_lm.model.forward = forward
+    assert [g for _, g in shared] == [g for _, g in whole]
+    assert [ll for ll, _ in shared] == pytest.approx([ll for ll, _ in whole], rel=1e-5, abs=1e-5)
+    assert shared_tokens < 0.7 * whole_tokens, (shared_tokens, whole_tokens)
+
+
+def test_a_cache_that_disagrees_with_the_whole_forward_turns_sharing_off(sharing_lm,
+                                                                        monkeypatch, capsys):
+    from day0.stages.evaluation import prefix
+
+    requests = _choice_requests(2, sharing_lm.model.config.vocab_size)
+    real = prefix.score_batch
+
+    def off_by_one_nat(*args, **kwargs):
+        return [[(ll - 1.0, g) for ll, g in group] for group in real(*args, **kwargs)]
+
+    monkeypatch.setattr(prefix, "score_batch", off_by_one_nat)
+    answers = sharing_lm._loglikelihood_tokens(requests, disable_tqdm=True)
+    assert answers == sharing_lm._whole(requests, disable_tqdm=True)
+    assert "every request runs whole" in capsys.readouterr().out
+
+
+def test_windowed_or_recurrent_layers_are_never_shared():
+    from types import SimpleNamespace
+
+    from day0.stages.evaluation.prefix import plain_attention
+
+    assert plain_attention(SimpleNamespace(layer_types=["full_attention"] * 4))
+    assert plain_attention(SimpleNamespace(sliding_window=4096, use_sliding_window=False))
+    assert not plain_attention(SimpleNamespace(sliding_window=4096))
+    assert not plain_attention(SimpleNamespace(layer_types=["full_attention",
+                                                            "sliding_attention"]))
+    assert not plain_attention(SimpleNamespace(layer_types=["linear_attention"]))
+
+
+def test_batches_hold_the_whole_paths_token_budget():
+    from day0.stages.evaluation.prefix import batches, shared_groups
+
+    requests = _choice_requests(3, 512, items=40)
+    groups, rest = shared_groups(requests, max_length=64)
+    assert sorted([i for g in groups for i in g] + rest) == list(range(len(requests)))
+    assert all(len(requests[i][1]) > 64 or len(requests[i][1]) < 2 for i in rest)
+    planned = batches(groups, requests, batch_tokens=256)
+    assert sorted(i for b in planned for g in b for i in g) == sorted(i for g in groups for i in g)
+    for batch in planned:
+        rows = sum(len(g) for g in batch)
+        width = max(len(requests[g[0]][1]) for g in batch)
+        longest = max(len(requests[i][2]) for g in batch for i in g)
+        assert len(batch) == 1 or rows * (width + longest) <= 256

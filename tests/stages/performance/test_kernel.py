@@ -17,6 +17,7 @@ PLUGINS = ROOT / "tests" / "plugins"
 SMALL = {"workloads": ["short_qa", "agent"], "kernel_batches": [1, 4], "kernel_repeats": 3,
          "kernel_decode_steps": 8, "kernel_max_tokens": 512}
 KERNEL_GATES = ("perf-prefill-vs-baseline", "perf-decode-vs-baseline")
+pytestmark = pytest.mark.timing  # a clean repeat must not look slower: nothing builds beside it
 
 
 def profile(model, store, *plugins, **config):

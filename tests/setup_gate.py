@@ -1,0 +1,70 @@
+"""`make test` builds the Docker images, the engine venv and Chromium while the tests that need
+none of them run: this plugin (loaded by tests/conftest.py) puts the modules holding a test
+marked docker, engine or browser after every other module, and holds each such test until the
+set-up has finished. Nothing is skipped: a failed set-up fails those tests with its log. Tests
+marked timing (they judge wall-clock figures) wait too, so no build runs beside them.
+
+The Makefile names the set-up's status file in DAY0_SETUP_STATUS (its exit code, written when it
+ends) and its log in DAY0_SETUP_LOG; without DAY0_SETUP_STATUS (a plain pytest run) nothing waits
+and the order is unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+NEEDS_SETUP = ("docker", "engine", "browser", "timing")
+WAIT_S = float(os.environ.get("DAY0_SETUP_WAIT_S", "2700"))  # the slowest set-up, on a cold CI
+
+
+def needs_setup(item) -> bool:
+    return any(item.get_closest_marker(name) for name in NEEDS_SETUP)
+
+
+def order(items: list) -> list:
+    """Modules with a test that needs the set-up go last, each kept whole and in its order
+    (a split module would set its module fixtures up twice)."""
+    late = {item.module.__name__ for item in items if needs_setup(item)}
+    return ([i for i in items if i.module.__name__ not in late]
+            + [i for i in items if i.module.__name__ in late])
+
+
+@pytest.hookimpl(trylast=True)  # after the packages' own hooks have added their markers
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("DAY0_SETUP_STATUS"):
+        items[:] = order(items)
+
+
+_finished: dict[str, int] = {}
+
+
+def wait_for_setup() -> None:
+    """Return once the set-up succeeded; fail (with its log's tail) when it failed or never
+    ended within WAIT_S."""
+    status_file = os.environ.get("DAY0_SETUP_STATUS")
+    if not status_file:
+        return
+    if "code" not in _finished:
+        deadline = time.monotonic() + WAIT_S
+        path = Path(status_file)
+        while not (path.is_file() and path.read_text().strip()):
+            if time.monotonic() > deadline:
+                pytest.fail(f"`make setup` had not finished after {WAIT_S:.0f} s "
+                            f"(log: {os.environ.get('DAY0_SETUP_LOG')})", pytrace=False)
+            time.sleep(2)
+        _finished["code"] = int(path.read_text().strip())
+    if _finished["code"] != 0:
+        log = Path(os.environ.get("DAY0_SETUP_LOG", ""))
+        tail = log.read_text(errors="replace")[-3000:] if log.is_file() else ""
+        pytest.fail(f"`make setup` (Docker images, engine venv, Chromium) failed with exit "
+                    f"{_finished['code']}:\n{tail}", pytrace=False)
+
+
+@pytest.hookimpl(tryfirst=True)  # before the test's fixtures (an engine, a container) start
+def pytest_runtest_setup(item):
+    if needs_setup(item):
+        wait_for_setup()
