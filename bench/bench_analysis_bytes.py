@@ -42,7 +42,7 @@ def measure(label: str, source: Path) -> dict:
     from day0.targets import resolve_target
 
     started = time.perf_counter()
-    ckpt = read_checkpoint(source, check_config=False)
+    ckpt = read_checkpoint(source)
     header_s = time.perf_counter() - started
     started = time.perf_counter()
     result = analysis.run(analysis.Config(), StageInputs(source=str(source),

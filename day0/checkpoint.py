@@ -9,20 +9,21 @@ Files are reached through a tiny Reader (``names``/``size``/``read_range``); ``o
 picks the implementation: a local folder, or an s3:// prefix read with ranged GETs
 (day0.storage.S3Reader). Readers, config.json and the result types live in day0.checkpoint_io,
 the header parser in day0.safetensors_header (shared with the release receiver); both are
-re-exported here.
+re-exported here. Nothing here imports torch or transformers (pyproject.toml's
+analysis-no-torch contract).
 
 Every problem found is collected and raised together as one :class:`CheckpointError`:
 truncated shards, bad header lengths or offsets, non-JSON headers, index/shard disagreements,
-unknown dtypes, and tensor shapes that disagree with what transformers builds from config.json
-(compared against the meta model after transformers' own checkpoint-name conversions; see
-day0.checkpoint_match).
-Things that load but deserve a look (extra tensors such as MTP layers, dtype surprises) become
-:class:`Note` s instead.
+unknown dtypes. Tensor roles come from :func:`classify` (header-only rules: analysis) or from
+day0.checkpoint_match, which compares names and shapes with the model transformers builds from
+config.json (scan, and every stage that loads the model). Things that load but deserve a look
+(extra tensors such as MTP layers, dtype surprises) become :class:`Note` s instead.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -30,47 +31,128 @@ from day0 import limits
 from day0.checkpoint_io import (Checkpoint, CountingReader, LocalReader, Note, Reader,
                                 check_loader_files, data, open_reader, parse_config_json,
                                 risk_text, single_file_problems)
-from day0.checkpoint_match import check_dtypes, match_model
 from day0.errors import CheckpointError, InputError, Problem
 from day0.safetensors_header import REDOWNLOAD, TensorInfo, max_header_bytes, read_header
 
 
 # --------------------------------------------------------------------------- reading
 
-def read_checkpoint(source: str | Path | Reader, *, model=None, check_config: bool = True,
-                    trust_remote_code: bool = False) -> Checkpoint:
-    """Read and cross-check a checkpoint; raise one CheckpointError listing every problem.
+def read_checkpoint(source: str | Path | Reader, *, problems: list[Problem] | None = None
+                    ) -> Checkpoint:
+    """Read and cross-check a checkpoint's files; raise one CheckpointError listing every problem.
 
-    ``model``: the meta model of this config, or a callable ``(config_dict, config_file) -> meta
-    model`` (called only when there are weights to compare); default: built with day0.modeling. With
-    ``check_config`` and weights present, names and shapes are compared against it.
+    With ``problems`` given, what is wrong is appended there and the checkpoint returned (the
+    caller adds the problems it finds, e.g. day0.checkpoint_match, and raises them together);
+    ``ckpt.complete`` says whether every shard's header could be read. A config far bigger than
+    its weights is raised at once either way. Tensor roles are left to :func:`classify` or
+    day0.checkpoint_match.
     """
     reader = CountingReader(source if hasattr(source, "read_range") else open_reader(source))
     config, config_file = _read_config(reader)
     ckpt = Checkpoint(source=str(getattr(reader.inner, "path", source)), config=config,
                       config_file=config_file)
     _add_file(reader, ckpt, data()["files"]["config"])
-    problems: list[Problem] = []
-    shards_ok = _read_weights(reader, ckpt, problems)
+    found: list[Problem] = []
+    ckpt.complete = _read_weights(reader, ckpt, found)
     inflated = limits.size_problems(config, config_file, limits.stored_bytes(reader), ckpt.source)
-    if inflated:  # a config far bigger than its weights: do not build that model
-        raise CheckpointError.from_problems(problems + inflated)
+    if inflated:  # a config far bigger than its weights: no model is built from it
+        raise CheckpointError.from_problems(found + inflated)
     if ckpt.tensors:
         check_dtypes(ckpt)
-        if check_config:
-            if model is None:
-                from day0.modeling import build_meta_model, resolve_config
-
-                model = build_meta_model(resolve_config(config, trust_remote_code=trust_remote_code,
-                                                        file=config_file))
-            elif callable(model) and not hasattr(model, "state_dict"):
-                model = model(config, config_file)
-            match_model(ckpt, model, problems, check_missing=shards_ok)
     # an object store reader counts what went over the wire (speculative header reads included)
     ckpt.bytes_read = getattr(reader.inner, "bytes_fetched", reader.bytes_read)
-    if problems:
-        raise CheckpointError.from_problems(problems)
+    if problems is not None:
+        problems.extend(found)
+    elif found:
+        raise CheckpointError.from_problems(found)
     return ckpt
+
+
+# --------------------------------------------------------------------------- roles
+
+def classify(ckpt: Checkpoint, *, layers: int | None, model_class: str | None = None) -> None:
+    """Tensor roles by header-only rules (data/analysis.yaml patterns), for work that does not
+    build transformers' class: quantization side tensors (``quant_aux``, with a
+    quantization_config) are "quant", tensors the class does not use "extra" (decoder layers at
+    or beyond ``layers`` = num_hidden_layers, e.g. DeepSeek-V3's MTP layer 61, and
+    ``unused_by_class``), persistent buffers (``buffers``) "buffer", every other tensor "model".
+    Extra tensors become a note. scan compares these roles with transformers' own."""
+    patterns = data()["patterns"]
+    quant = bool(ckpt.config.get("quantization_config"))
+    quant_aux = [re.compile(p) for p in patterns["quant_aux"]]
+    buffers = [re.compile(p) for p in patterns["buffers"]]
+    unused = [re.compile(p) for p in patterns["unused_by_class"]]
+    layer_re = re.compile(patterns["layer"])
+    counted = isinstance(layers, int) and not isinstance(layers, bool)
+    ckpt.model_class = model_class
+    for name in sorted(ckpt.tensors):
+        beyond = counted and (m := layer_re.search(name)) and int(m.group(1)) >= layers
+        # the class match's order: what the class lacks is quant or extra, even a buffer's name
+        if quant and any(p.search(name) for p in quant_aux):
+            ckpt.roles[name] = "quant"
+        elif beyond or any(p.search(name) for p in unused):
+            ckpt.roles[name] = "extra"
+        elif any(p.search(name) for p in buffers):
+            ckpt.roles[name] = "buffer"
+        else:
+            ckpt.roles[name] = "model"
+    note_extras(ckpt, model_class or "model class")
+
+
+def note_extras(ckpt: Checkpoint, model_class: str) -> None:
+    """One note for the tensors whose role is "extra" (not used by the model class)."""
+    extras = sorted(n for n, r in ckpt.roles.items() if r == "extra")
+    if not extras:
+        return
+    params = sum(ckpt.tensors[n].numel for n in extras)
+    severity, message = risk_text("extra_tensors", count=len(extras), params=f"{params:,}",
+                                  example=extras[0], cls=model_class)
+    layer_re = re.compile(data()["patterns"]["layer"])
+    layers = sorted({int(m.group(1)) for n in extras if (m := layer_re.search(n))})
+    limit = ckpt.config.get("num_hidden_layers")
+    beyond = [i for i in layers if isinstance(limit, int) and i >= limit]
+    if beyond:
+        message += f"; layers {ranges(beyond)} lie beyond num_hidden_layers={limit} (e.g. MTP)"
+    ckpt.notes.append(Note("extra_tensors", severity, message,
+                           ckpt.location(ckpt.tensors[extras[0]].file), extras[0]))
+
+
+def ranges(numbers: list[int]) -> str:
+    """Sorted integers as runs: [1, 2, 3, 7] -> '1..3, 7'."""
+    out, start = [], None
+    for i, n in enumerate(numbers):
+        start = n if start is None else start
+        if i + 1 == len(numbers) or numbers[i + 1] != n + 1:
+            out.append(f"{start}" if start == n else f"{start}..{n}")
+            start = None
+    return ", ".join(out)
+
+
+def check_dtypes(ckpt: Checkpoint) -> None:
+    """Dtypes other than config.json's torch_dtype are notes, not errors: they still load."""
+    config = ckpt.config
+    declared = config.get("torch_dtype") or config.get("dtype")
+    expected = data()["config_dtypes"].get(str(declared))
+    if expected is None:
+        return
+    quant = bool(config.get("quantization_config"))
+    odd: dict[str, list[TensorInfo]] = defaultdict(list)
+    for info in ckpt.tensors.values():
+        if info.dtype != expected:
+            odd[info.dtype].append(info)
+    for dtype, infos in sorted(odd.items()):
+        infos.sort(key=lambda t: t.name)
+        if quant and dtype in data()["quantized_dtypes"]:
+            severity, message = risk_text("quantized_dtypes", count=len(infos), dtype=dtype,
+                                          example=infos[0].name)
+            rid = "quantized_dtypes"
+        else:
+            severity, message = risk_text("dtype_surprise", count=len(infos), dtype=dtype,
+                                          config_dtype=declared, example=infos[0].name)
+            rid = "dtype_surprise"
+            if all(len(t.shape) <= 1 for t in infos):  # norms/biases kept wider: common, harmless
+                severity = "info"
+        ckpt.notes.append(Note(rid, severity, message, ckpt.location(infos[0].file), infos[0].name))
 
 
 def _read_config(reader: CountingReader) -> tuple[dict, str]:
@@ -187,5 +269,5 @@ def _add_shard(reader, ckpt: Checkpoint, shard: str, problems: list[Problem]) ->
 
 
 __all__ = ["Reader", "LocalReader", "CountingReader", "open_reader", "TensorInfo", "Note",
-           "Checkpoint", "read_checkpoint", "read_header", "risk_text", "data",
-           "single_file_problems", "check_loader_files"]
+           "Checkpoint", "read_checkpoint", "classify", "note_extras", "check_dtypes", "ranges",
+           "read_header", "risk_text", "data", "single_file_problems", "check_loader_files"]

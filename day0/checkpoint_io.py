@@ -1,8 +1,7 @@
 """A checkpoint's files, read without transformers: readers, config.json, what a read finds.
 
-The lower half of day0.checkpoint, so that what builds on it (the tensor/model cross-check in
-day0.checkpoint_match, model loading in day0.modeling) does not import the module that imports
-them (no import cycles; tests/test_layers.py):
+The lower half of day0.checkpoint, so that model loading in day0.modeling reads config.json
+without the header reader (no import cycles; tests/test_layers.py):
 
 * :class:`Reader` (``names``/``size``/``read_range``/``location``) and ``open_reader(source)``:
   a local folder or config.json, or an s3:// prefix read with ranged GETs (day0.storage);
@@ -200,6 +199,7 @@ class Checkpoint:
     # "quant" (quantization scales etc.) or "extra" (not used by transformers' class)
     roles: dict[str, str] = field(default_factory=dict)
     model_class: str | None = None
+    complete: bool = True  # every shard's header was read (a missing tensor then is missing)
 
     def location(self, name: str | None) -> str | None:
         return self.locations.get(name, name) if name else None

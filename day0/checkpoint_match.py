@@ -4,6 +4,10 @@ Checkpoint names are mapped to model parameters with transformers' own loading c
 (e.g. Mixtral's ``block_sparse_moe.experts.N.w1`` -> ``mlp.experts.gate_up_proj``), so the
 comparison is against exactly what ``from_pretrained`` would fill. Shape and count mismatches
 are Problems (errors); tensors the class does not use and dtype surprises are Notes.
+
+The caller brings the meta model (``check_checkpoint(source, model)``): the scan stage, which
+builds it at full size anyway, and day0.modeling.load_pretrained before it reads a weight.
+Header-only work (analysis) never gets here: it imports no transformers.
 """
 
 from __future__ import annotations
@@ -11,10 +15,24 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
+from pathlib import Path
 
-from day0.checkpoint_io import Checkpoint, Note, data, risk_text
-from day0.errors import Problem
-from day0.safetensors_header import TensorInfo
+from day0.checkpoint import note_extras, ranges, read_checkpoint
+from day0.checkpoint_io import Checkpoint, Note, Reader, data
+from day0.errors import CheckpointError, Problem
+
+
+def check_checkpoint(source: str | Path | Reader, model) -> Checkpoint:
+    """Read source's headers and compare every tensor's name and shape with ``model`` (the meta
+    model of its config.json); one CheckpointError lists every problem, the files' and the
+    shapes'. Fills the roles transformers' class gives the tensors."""
+    problems: list[Problem] = []
+    ckpt = read_checkpoint(source, problems=problems)
+    if ckpt.tensors:
+        match_model(ckpt, model, problems, check_missing=ckpt.complete)
+    if problems:
+        raise CheckpointError.from_problems(problems)
+    return ckpt
 
 
 def _config_value(config: dict, key: str):
@@ -85,7 +103,7 @@ def match_model(ckpt: Checkpoint, model, problems: list[Problem], *, check_missi
         _check_group(ckpt, target, members, tuple(state[target].shape), problems)
     if check_missing:
         _check_missing(ckpt, model, state, groups, problems)
-    _note_extras(ckpt, model)
+    note_extras(ckpt, type(model).__name__)
 
 
 def _check_group(ckpt, target, members, shape, problems) -> None:
@@ -141,7 +159,7 @@ def _check_missing(ckpt, model, state, groups, problems) -> None:
         present = len(per_layer) - len(gone)
         problems.append(Problem(
             f"layer count: checkpoint has {present} decoder layers, config.json says "
-            f"num_hidden_layers={ckpt.config.get('num_hidden_layers')} (layers {_ranges(gone)} missing)",
+            f"num_hidden_layers={ckpt.config.get('num_hidden_layers')} (layers {ranges(gone)} missing)",
             file=where, field=f"model.layers.{gone[0]}",
             fix="correct num_hidden_layers or add the missing shards"))
         missing = [k for k in missing if not (layer_re.search(k) and int(layer_re.search(k).group(1)) in gone)]
@@ -151,58 +169,4 @@ def _check_missing(ckpt, model, state, groups, problems) -> None:
                                 fix="re-export the checkpoint or correct config.json"))
 
 
-def _ranges(numbers: list[int]) -> str:
-    out, start = [], None
-    for i, n in enumerate(numbers):
-        start = n if start is None else start
-        if i + 1 == len(numbers) or numbers[i + 1] != n + 1:
-            out.append(f"{start}" if start == n else f"{start}..{n}")
-            start = None
-    return ", ".join(out)
-
-
-def _note_extras(ckpt: Checkpoint, model) -> None:
-    extras = sorted(n for n, r in ckpt.roles.items() if r == "extra")
-    if not extras:
-        return
-    params = sum(ckpt.tensors[n].numel for n in extras)
-    severity, message = risk_text("extra_tensors", count=len(extras), params=f"{params:,}",
-                                  example=extras[0], cls=type(model).__name__)
-    layer_re = re.compile(data()["patterns"]["layer"])
-    layers = sorted({int(m.group(1)) for n in extras if (m := layer_re.search(n))})
-    limit = ckpt.config.get("num_hidden_layers")
-    beyond = [i for i in layers if isinstance(limit, int) and i >= limit]
-    if beyond:
-        message += f"; layers {_ranges(beyond)} lie beyond num_hidden_layers={limit} (e.g. MTP)"
-    ckpt.notes.append(Note("extra_tensors", severity, message,
-                           ckpt.location(ckpt.tensors[extras[0]].file), extras[0]))
-
-
-def check_dtypes(ckpt: Checkpoint) -> None:
-    """Dtypes other than config.json's torch_dtype are notes, not errors: they still load."""
-    config = ckpt.config
-    declared = config.get("torch_dtype") or config.get("dtype")
-    expected = data()["config_dtypes"].get(str(declared))
-    if expected is None:
-        return
-    quant = bool(config.get("quantization_config"))
-    odd: dict[str, list[TensorInfo]] = defaultdict(list)
-    for info in ckpt.tensors.values():
-        if info.dtype != expected:
-            odd[info.dtype].append(info)
-    for dtype, infos in sorted(odd.items()):
-        infos.sort(key=lambda t: t.name)
-        if quant and dtype in data()["quantized_dtypes"]:
-            severity, message = risk_text("quantized_dtypes", count=len(infos), dtype=dtype,
-                                          example=infos[0].name)
-            rid = "quantized_dtypes"
-        else:
-            severity, message = risk_text("dtype_surprise", count=len(infos), dtype=dtype,
-                                          config_dtype=declared, example=infos[0].name)
-            rid = "dtype_surprise"
-            if all(len(t.shape) <= 1 for t in infos):  # norms/biases kept wider: common, harmless
-                severity = "info"
-        ckpt.notes.append(Note(rid, severity, message, ckpt.location(infos[0].file), infos[0].name))
-
-
-__all__ = ["match_model", "check_dtypes"]
+__all__ = ["check_checkpoint", "match_model", "renamer"]

@@ -29,7 +29,9 @@ from day0.errors import InputError, Problem, shorten
 LIMITS_FILE = Path(__file__).parent / "data" / "limits.yaml"
 FIX = "restore config.json from the model's release"
 EXPERT_FIELDS = ("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
-TYPE_NAMES = {"string": "a string", "list_of_strings": "a list of strings", "mapping": "a JSON object"}
+TYPE_NAMES = {"string": "a string", "list_of_strings": "a list of strings", "mapping": "a JSON object",
+              "number": "a number", "boolean": "true or false"}
+ROPE_FIELDS = ("rope_parameters", "rope_scaling")
 
 
 @lru_cache(maxsize=1)
@@ -46,6 +48,10 @@ def _has_type(value, kind: str) -> bool:
         return isinstance(value, str)
     if kind == "mapping":
         return isinstance(value, dict)
+    if kind == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "boolean":
+        return isinstance(value, bool)
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
@@ -94,6 +100,7 @@ def config_problems(raw: dict, file: str) -> list[Problem]:
             if value is not None and not _has_type(value, kind):
                 problems.append(Problem(f"must be {TYPE_NAMES[kind]}, not {_show(value)}", file=file,
                                         field=prefix + name, fix=FIX))
+        problems += _rope_problems(section, prefix, file, spec["rope_types"])
         for name, bound in spec["integers"].items():
             value = section.get(name)
             if value is None:
@@ -115,6 +122,23 @@ def config_problems(raw: dict, file: str) -> list[Problem]:
         problems.append(Problem(f"the dimensions imply at least {implied:.3g} parameters, over the "
                                 f"sane ceiling {ceiling:.3g}", file=file, field=field, fix=FIX))
     return problems
+
+
+def _rope_problems(section: dict, prefix: str, file: str, types: dict) -> list[Problem]:
+    """RoPE fields of the wrong JSON type, in a flat dict or one level down (per layer type)."""
+    found = []
+    for field in ROPE_FIELDS:
+        rope = section.get(field)
+        if not isinstance(rope, dict):
+            continue
+        parts = [("", rope)] + [(f"{k}.", v) for k, v in rope.items() if isinstance(v, dict)]
+        for inner, part in parts:
+            for name, kind in types.items():
+                value = part.get(name)
+                if value is not None and not _has_type(value, kind):
+                    found.append(Problem(f"must be {TYPE_NAMES[kind]}, not {_show(value)}",
+                                         file=file, field=f"{prefix}{field}.{inner}{name}", fix=FIX))
+    return found
 
 
 def check_config(raw: dict, file: str) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 from day0 import limits
 from day0.checkpoint_io import (check_loader_files, config_path, open_reader, read_config,
                                 read_config_dict)
+from day0.checkpoint_match import check_checkpoint
 from day0.errors import InputError
 
 
@@ -173,7 +174,8 @@ def load_pretrained(source: str | Path, *, device: str = "cpu", dtype: str = "fl
                     trust_remote_code: bool = False):
     """Load a local HF checkpoint with transformers' own class, on device in dtype.
 
-    Raises CheckpointError when transformers would load other files than the index names."""
+    Raises CheckpointError when transformers would load other files than the index names, or
+    when a tensor's name or shape disagrees with the class (day0.checkpoint_match)."""
     import torch
 
     check_loader_files(source)
@@ -181,8 +183,10 @@ def load_pretrained(source: str | Path, *, device: str = "cpu", dtype: str = "fl
     raw, file = read_config_dict(source), str(config_path(source))
     resolved = resolve_config(copy.deepcopy(raw), trust_remote_code=trust_remote_code, file=file)
     # construction errors of the config as input errors before any memory is used (on a copy:
-    # building sets implementation fields on the config it is given)
-    build_meta_model(resolve_config(raw, trust_remote_code=trust_remote_code, file=file))
+    # building sets implementation fields on the config it is given), then every tensor's name
+    # and shape against that model: header-only analysis leaves this to the stages that build it
+    meta = build_meta_model(resolve_config(raw, trust_remote_code=trust_remote_code, file=file))
+    check_checkpoint(source, meta)
     with quiet_transformers():
         model = resolved.model_class.from_pretrained(
             str(source), config=resolved.config, dtype=getattr(torch, dtype),

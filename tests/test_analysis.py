@@ -190,6 +190,21 @@ def test_mistral_7b_sliding_window_caps_kv(tmp_path):
     assert "sliding_window" in risk_ids(r)
 
 
+def test_config_only_counts_come_from_a_child_process_that_never_hangs(monkeypatch):
+    """Without weights the class is built on the meta device in a child (analysis imports no
+    torch): its timeout and its crash are one-line input errors naming config.json."""
+    from day0.stages.analysis import metaparams
+
+    source = CONFIGS / "Llama-3.1-8B.json"
+    with pytest.raises(InputError, match="within 0.01 s") as info:
+        analyze(source, count_timeout_s=0.01)
+    assert info.value.file == str(source) and "count_timeout_s" in info.value.fix
+    monkeypatch.setattr(metaparams, "MODULE", "day0.no_such_module")
+    with pytest.raises(InputError, match="transformers cannot build LlamaForCausalLM") as info:
+        analyze(source)
+    assert "exited 1" in str(info.value) and "\n" not in str(info.value)
+
+
 def test_mqa_and_tied_embeddings(tmp_path):
     from transformers import LlamaConfig
 

@@ -1,4 +1,7 @@
-"""day0.checkpoint: headers-only reading and every kind of broken checkpoint, on real safetensors."""
+"""day0.checkpoint: headers-only reading and every kind of broken checkpoint, on real safetensors;
+day0.checkpoint_match: names and shapes against transformers' class (what scan and every model
+loader check, :func:`matched`); day0.checkpoint.classify: the header-only roles analysis counts
+with."""
 
 from __future__ import annotations
 
@@ -9,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from day0.checkpoint import LocalReader, read_checkpoint, read_header
+from day0.checkpoint import LocalReader, classify, read_checkpoint, read_header
+from day0.checkpoint_match import check_checkpoint
 from day0.errors import CheckpointError, InputError
 from tests import breakers
 from tests.conftest import MODELS
@@ -73,9 +77,19 @@ def edit_config(folder: Path, **changes) -> None:
     (folder / "config.json").write_text(json.dumps(cfg))
 
 
+def matched(folder: Path):
+    """The checkpoint against transformers' class for its config.json, on the meta device (what
+    the scan stage and day0.modeling.load_pretrained do)."""
+    from day0.checkpoint_io import read_config
+    from day0.modeling import build_meta_model, resolve_config
+
+    raw, file = read_config(folder)
+    return check_checkpoint(folder, build_meta_model(resolve_config(raw, file=file)))
+
+
 def problems_of(folder: Path) -> list:
     with pytest.raises(CheckpointError) as info:
-        read_checkpoint(folder)
+        matched(folder)
     return info.value.problems
 
 
@@ -88,7 +102,7 @@ def tensor_names(header: dict) -> list[str]:
 def test_good_sharded_checkpoint_matches_safetensors_and_reads_only_headers(llama):
     from safetensors import safe_open
 
-    ckpt = read_checkpoint(llama)
+    ckpt = matched(llama)
     assert len(shards(llama)) >= 2 and ckpt.index_file == "model.safetensors.index.json"
     expected_read = (llama / "config.json").stat().st_size + \
         (llama / "model.safetensors.index.json").stat().st_size
@@ -105,6 +119,11 @@ def test_good_sharded_checkpoint_matches_safetensors_and_reads_only_headers(llam
                                    if p.name != "generation_config.json")
     assert ckpt.bytes_read / ckpt.total_bytes < 0.05
     assert all(role == "model" for role in ckpt.roles.values()) and not ckpt.notes
+    assert len(ckpt.roles) == len(ckpt.tensors)
+    plain = read_checkpoint(llama)  # headers only: no roles until classify or the class match
+    assert plain.tensors == ckpt.tensors and plain.bytes_read == ckpt.bytes_read and not plain.roles
+    classify(plain, layers=2, model_class="LlamaForCausalLM")
+    assert plain.roles == ckpt.roles and not plain.notes
 
 
 def test_single_file_tied_checkpoint_without_index(tmp_path):
@@ -115,7 +134,7 @@ def test_single_file_tied_checkpoint_without_index(tmp_path):
                       tie_word_embeddings=True)
     folder = _save(LlamaForCausalLM(cfg), tmp_path / "single", "10GB")
     assert [p.name for p in shards(folder)] == ["model.safetensors"]
-    ckpt = read_checkpoint(folder)  # lm_head is tied: its absence is not a missing tensor
+    ckpt = matched(folder)  # lm_head is tied: its absence is not a missing tensor
     assert ckpt.index_file is None and ckpt.tensors["model.embed_tokens.weight"].shape == (64, 32)
     assert "lm_head.weight" not in ckpt.tensors
 
@@ -141,7 +160,7 @@ def test_lone_config_means_no_weights():
 
 
 def test_moe_per_expert_tensors_match_fused_parameters(moe_src):
-    ckpt = read_checkpoint(moe_src)
+    ckpt = matched(moe_src)
     assert "model.layers.0.mlp.experts.3.gate_proj.weight" in ckpt.tensors
     assert ckpt.roles["model.layers.0.mlp.experts.3.gate_proj.weight"] == "model"
 
@@ -301,10 +320,33 @@ def test_layer_count_vs_config(llama):
 def test_extra_layers_are_notes_not_errors(llama):
     """Like DeepSeek-V3's MTP layer 61: tensors the class does not build load fine -> a note."""
     edit_config(llama, num_hidden_layers=1)
-    ckpt = read_checkpoint(llama)
+    ckpt = matched(llama)
     (note,) = [n for n in ckpt.notes if n.id == "extra_tensors"]
     assert "beyond num_hidden_layers=1" in note.message and note.tensor.startswith("model.layers.1.")
     assert ckpt.params("extra") > 0
+    # header-only (analysis): the same tensors unused, the same note, without the class
+    plain = read_checkpoint(llama)
+    classify(plain, layers=1, model_class="LlamaForCausalLM")
+    assert plain.roles == ckpt.roles and plain.params("extra") == ckpt.params("extra")
+    assert [n.message for n in plain.notes if n.id == "extra_tensors"] == [note.message]
+
+
+def test_header_only_roles_leave_out_buffers_and_quantization_scales(tmp_path):
+    """DeepSeek-V3's router bias is a buffer of the class, block scales are quantization side
+    tensors: classify gives them the roles the class match gives, so params.total agrees."""
+    folder = Path(shutil.copytree(MODELS / "tiny-deepseekv3", tmp_path / "ds"))
+    ckpt = matched(folder)
+    plain = read_checkpoint(folder)
+    classify(plain, layers=3)
+    assert {n for n, r in plain.roles.items() if r == "buffer"} == {
+        n for n, r in ckpt.roles.items() if r == "buffer"} != set()
+    assert plain.roles == ckpt.roles
+    edit_config(folder, quantization_config={"quant_method": "fp8"})
+    plain = read_checkpoint(folder)
+    plain.tensors["model.layers.0.mlp.down_proj.weight_scale_inv"] = plain.tensors[
+        "model.layers.0.mlp.down_proj.weight"]
+    classify(plain, layers=3)
+    assert plain.roles["model.layers.0.mlp.down_proj.weight_scale_inv"] == "quant"
 
 
 def test_expert_count_vs_config(moe_src, tmp_path):
@@ -330,7 +372,7 @@ def test_every_problem_reported_at_once(llama):
     edit_config(llama, vocab_size=300)
     shard = shards(llama)[-1]
     shard.write_bytes(shard.read_bytes()[:-8])
-    err = pytest.raises(CheckpointError, read_checkpoint, llama).value
+    err = pytest.raises(CheckpointError, matched, llama).value
     kinds = {("truncated" in p.message, "vocab_size" in p.message) for p in err.problems}
     assert (True, False) in kinds and (False, True) in kinds
     assert str(err).startswith(f"{len(err.problems)} problems:")

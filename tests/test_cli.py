@@ -127,8 +127,8 @@ def stray_single_file_next_to_index(ckpt):
     return add_zero_single_file(ckpt).name  # transformers would load it instead of the index
 
 
-BROKEN = [truncate_shard, offsets_out_of_range, index_names_missing_shard, shape_disagrees_with_config,
-          header_not_json, bad_config_json, missing_config, unknown_model_type_without_architectures,
+BROKEN = [truncate_shard, offsets_out_of_range, index_names_missing_shard, header_not_json,
+          bad_config_json, missing_config, unknown_model_type_without_architectures,
           stray_single_file_next_to_index]
 
 
@@ -140,6 +140,20 @@ def test_broken_checkpoint_analyze_exits_2_with_one_line(ckpt, breaker):
     message = proc.stderr.strip()
     assert message.startswith("day0: error:") and needle in message
     assert "fix:" in message
+
+
+def test_shape_mismatch_is_scans_to_find_and_exits_2_with_one_line(ckpt):
+    """Names and shapes need transformers' class: header-only analysis says who checks them;
+    scan, which builds the class anyway, refuses the checkpoint as analysis did before."""
+    needle = shape_disagrees_with_config(ckpt)
+    proc = day0("analyze", ckpt)
+    assert proc.returncode == 0, proc.stderr
+    assert "`day0 scan` checks them" in proc.stdout
+    proc = day0("scan", ckpt, "--no-probe")
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    message = proc.stderr.strip()
+    assert message.startswith("day0: error:") and needle in message and "hidden_size=" in message
+    assert "fix:" in message and len(message.splitlines()) == 1
 
 
 def test_missing_source_exits_2(tmp_path):

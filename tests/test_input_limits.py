@@ -36,6 +36,12 @@ def analyze(folder, capsys) -> tuple[int, str]:
     return rc, capsys.readouterr().err
 
 
+def scan(folder, capsys) -> tuple[int, str]:
+    """`day0 scan` in this process (no probe): the stage that builds transformers' class."""
+    rc = cli.main(["scan", str(folder), "--no-probe"])
+    return rc, capsys.readouterr().err
+
+
 def one_line(err: str) -> str:
     lines = err.strip().splitlines()
     assert len(lines) == 1, err[-2000:]
@@ -78,11 +84,13 @@ def test_huge_layer_counts_are_refused(llama, capsys, layers):
 def test_config_far_bigger_than_its_weights_is_refused_before_building(llama, capsys, monkeypatch):
     """Within every bound, yet 1000x the checkpoint: the model is never built."""
     import day0.modeling
+    from day0.stages import analysis
 
     def no_build(*args, **kwargs):
         raise AssertionError("the model was built")
 
     monkeypatch.setattr(day0.modeling, "build_meta_model", no_build)
+    monkeypatch.setattr(analysis, "meta_parameters", no_build)
     set_config(llama, vocab_size=4_000_000)
     rc, err = analyze(llama, capsys)
     line = one_line(err)
@@ -110,16 +118,22 @@ def test_bad_dimension_or_type_is_input_error_naming_the_field(llama, capsys, fi
     ("rope_parameters__rope_type", "nonesuch", "rope_type"),
 ])
 def test_unknown_enum_names_field_and_choices(llama, capsys, field, value, named):
+    """transformers' class refuses it when built: scan's to find (header-only analysis builds
+    nothing and reads neither field)."""
     set_config(llama, **{field: value})
-    rc, err = analyze(llama, capsys)
+    rc, err = scan(llama, capsys)
     line = one_line(err)
     assert rc == 2 and named in line and "'nonesuch'" in line and "use one of" in line
 
 
 def test_construction_error_of_transformers_is_input_error(llama, capsys):
-    """Whatever transformers' own asserts say (here: padding index outside the vocabulary)."""
+    """Whatever transformers' own asserts say (here: padding index outside the vocabulary); the
+    stage that builds the class (scan) or, without weights, analysis's child process."""
     set_config(llama, pad_token_id=10**6)
-    rc, err = analyze(llama, capsys)
+    rc, err = scan(llama, capsys)
+    line = one_line(err)
+    assert rc == 2 and "transformers cannot build LlamaForCausalLM" in line
+    rc, err = analyze(llama / "config.json", capsys)
     line = one_line(err)
     assert rc == 2 and "transformers cannot build LlamaForCausalLM" in line
 

@@ -7,6 +7,7 @@ Python files, the config and the custom cycle contract, so each lint takes well 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -24,8 +25,10 @@ CONTRACTS = {  # id -> name, as pyproject.toml has them
     "cli-dispatch": "the CLI only parses and dispatches",
     "stages-independent": "stages never import each other",
     "receiver-no-torch": "the receiver never imports torch or transformers",
+    "analysis-no-torch": "header-only work never imports torch or transformers",
     "no-cycles": "no import cycles between modules of day0, flows and tasks",
 }
+HEAVY = ("torch", "transformers", "lm_eval", "accelerate", "safetensors")
 
 
 def lint(cwd: Path) -> tuple[int, str, dict[str, str]]:
@@ -77,13 +80,19 @@ VIOLATIONS = [
      "day0.cli -> flows.validate"),
     ("cli-dispatch", "day0/cli.py", "from day0.yamlio import read_mapping",
      "day0.cli -> day0.yamlio"),
-    ("stages-independent", "day0/stages/analysis/__init__.py", "from day0.stages import scan",
-     "day0.stages.analysis -> day0.stages.scan"),
+    # (scan's, not analysis's: analysis importing any torch stage breaks analysis-no-torch too)
+    ("stages-independent", "day0/stages/scan/__init__.py", "from day0.stages import smoke",
+     "day0.stages.scan -> day0.stages.smoke"),
     ("receiver-no-torch", "day0/receiver/journal.py", "import torch",
      "day0.receiver.journal -> torch"),
-    # transitively: day0.checkpoint builds meta models with day0.modeling, which imports both
-    ("receiver-no-torch", "day0/receiver/events.py", "from day0 import checkpoint",
-     "day0.receiver.events -> day0.checkpoint"),
+    # transitively: day0.checkpoint_match renames tensors with transformers' own conversions
+    ("receiver-no-torch", "day0/receiver/events.py", "from day0 import checkpoint_match",
+     "day0.receiver.events -> day0.checkpoint_match"),
+    ("analysis-no-torch", "day0/stages/analysis/model.py", "import torch",
+     "day0.stages.analysis.model -> torch"),
+    # transitively: day0.sanity reads tensor data with torch
+    ("analysis-no-torch", "day0/configview.py", "from day0 import sanity",
+     "day0.configview -> day0.sanity"),
     ("no-cycles", "day0/gates.py", "from day0 import report", "day0.gates -> day0.report"),
 ]
 
@@ -101,6 +110,22 @@ def test_a_forbidden_import_breaks_its_contract(tmp_path, contract, module, line
     broken = [name for name, s in states.items() if s == "BROKEN"]
     assert len(broken) == 1, f"only {contract} should break:\n{out}"
     assert named in out, out
+
+
+def test_analyze_loads_no_torch_at_run_time():
+    """`day0 analyze` of a checkpoint, the CLI's own path included: what is in sys.modules when
+    the process exits (a third-party import of torch would show here, not in grimp's graph)."""
+    code = ("import atexit, runpy, sys\n"
+            f"heavy = {HEAVY!r}\n"
+            "atexit.register(lambda: sys.stderr.write('LOADED %s\\n' % sorted(\n"
+            "    {m.split('.')[0] for m in sys.modules} & set(heavy))))\n"
+            "sys.argv = ['day0', 'analyze', sys.argv[1], '--json']\n"
+            "runpy.run_module('day0.cli', run_name='__main__', alter_sys=True)\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(ROOT / "tests/fixtures/models/tiny-llama")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["params"]["total"] == 857_216
+    assert "LOADED []" in proc.stderr, proc.stderr[-2000:]
 
 
 def test_receiver_loads_no_torch_at_run_time():

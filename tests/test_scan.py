@@ -15,8 +15,9 @@ import yaml
 from day0 import stages
 from day0.stages import scan
 from day0.contract import StageInputs
-from day0.errors import ConfigError
+from day0.errors import CheckpointError, ConfigError
 from day0.targets import Target
+from tests.conftest import MODELS
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 PLUGINS = Path(__file__).parent / "plugins"
@@ -230,3 +231,61 @@ def test_result_round_trips_as_json(tmp_path):
     result = scan_of(tiny_llama(tmp_path), probe=False)
     again = scan.Result.model_validate(json.loads(result.model_dump_json()))
     assert again.metrics() == result.metrics()
+
+
+# ------------------------------------------------------------------------------- names and shapes
+# Header-only analysis builds no model: the scan, which builds the full-size one anyway, checks
+# every tensor's name and shape against it (what analysis raised before; same messages).
+
+def _copy_fixture(tmp_path: Path, name: str = "tiny-llama") -> Path:
+    import shutil
+
+    return Path(shutil.copytree(MODELS / name, tmp_path / name))
+
+
+def _edit(folder: Path, **changes) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    config.update(changes)
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+def test_shape_mismatch_is_one_checkpoint_error_naming_every_tensor(tmp_path):
+    folder = _copy_fixture(tmp_path)
+    _edit(folder, vocab_size=600, num_key_value_heads=4)
+    with pytest.raises(CheckpointError) as info:
+        scan_of(folder, probe=False)
+    problems = info.value.problems
+    fields = {p.field for p in problems}
+    assert {"model.embed_tokens.weight", "lm_head.weight"} <= fields
+    assert {f"model.layers.{i}.self_attn.{n}_proj.weight" for i in range(4) for n in "kv"} <= fields
+    p = next(p for p in problems if p.field == "lm_head.weight")
+    assert "[512, 128]" in p.message and "[600, 128]" in p.message and "vocab_size=600" in p.message
+    assert p.file.endswith(".safetensors") and str(info.value).startswith(f"{len(problems)} problems:")
+    # check_shapes off: the forward runs on the config as given
+    assert scan_of(folder, probe=False, check_shapes=False).checkpoint is None
+
+
+def test_matching_checkpoint_and_unused_layers_are_reported(tmp_path):
+    clean = scan_of(MODELS / "tiny-deepseekv3", probe=False)
+    ck = clean.checkpoint
+    assert ck.model_class == "DeepseekV3ForCausalLM" and ck.tensors == 91 and ck.unused_params == 0
+    assert ck.notes == [] and clean.checkpoint_problems == []  # header-only roles agree
+    folder = _copy_fixture(tmp_path)
+    _edit(folder, num_hidden_layers=1)
+    cut = scan_of(folder, probe=False)
+    assert cut.checkpoint.unused_params > 0
+    assert any("beyond num_hidden_layers=1" in n for n in cut.checkpoint.notes)
+    # three of four layers unused: the class's roles make the checkpoint broken, as analysis says
+    assert len(cut.checkpoint_problems) == 1 and "not used by" in cut.checkpoint_problems[0]
+    assert "checkpoint: 39 tensors match" in scan.summary_text(cut)
+    assert scan_of(tiny_llama(tmp_path), probe=False).checkpoint is None  # config.json alone
+
+
+def test_header_only_roles_that_differ_from_the_class_are_a_note(tmp_path, monkeypatch):
+    from day0.checkpoint_io import data
+
+    patterns = {**data()["patterns"], "buffers": []}  # forget DeepSeek-V3's router bias
+    monkeypatch.setitem(data(), "patterns", patterns)
+    (note,) = scan_of(MODELS / "tiny-deepseekv3", probe=False).checkpoint.notes
+    assert "as 'model' that transformers' DeepseekV3ForCausalLM holds as 'buffer'" in note
+    assert "e_score_correction_bias" in note and "params.total" in note

@@ -93,7 +93,7 @@ def test_analysis_on_s3_reads_headers_only(s3):
     assert ck.bytes_read_ratio == pytest.approx(ck.bytes_read / ck.total_bytes)
 
     reader = storage.S3Reader(uri)
-    read_checkpoint(reader, check_config=False)
+    read_checkpoint(reader)
     assert reader.requests == len(SHARDS) + 2  # config.json, index, one GET per shard
 
 
@@ -102,8 +102,8 @@ def test_long_header_costs_one_more_get(s3, monkeypatch):
     uri = s3.upload()
     monkeypatch.setattr(storage, "HEADER_PROBE_BYTES", 64)  # every header is now "long"
     reader = storage.S3Reader(uri)
-    ckpt = read_checkpoint(reader, check_config=False)
-    local = read_checkpoint(LLAMA, check_config=False)
+    ckpt = read_checkpoint(reader)
+    local = read_checkpoint(LLAMA)
     assert ckpt.tensors == local.tensors
     assert reader.requests == 2 * len(SHARDS) + 2
     header_bytes = sum(8 + int.from_bytes((LLAMA / s).read_bytes()[:8], "little") for s in SHARDS)
@@ -149,9 +149,15 @@ def test_config_only_object_and_cli(s3, capsys):
 @pytest.mark.integration
 def test_scan_reads_only_config(s3):
     uri = s3.upload(skip=tuple(SHARDS))  # no weights on the store at all
-    outcome = execute(StageSpec(stage="scan", config={"probe": False}, inputs=_inputs(uri)))
+    outcome = execute(StageSpec(stage="scan", config={"probe": False, "check_shapes": False},
+                                inputs=_inputs(uri)))
     assert outcome.ok, outcome.error
     assert outcome.result["ops"]
+    # names and shapes are checked on the headers (ranged reads): the shards the index names
+    # must be there, or it is one input error
+    outcome = execute(StageSpec(stage="scan", config={"probe": False}, inputs=_inputs(uri)))
+    assert not outcome.ok and outcome.failure == "input" and outcome.exit_code == 2
+    assert "shard named by model.safetensors.index.json" in outcome.error and "missing" in outcome.error
 
 
 @pytest.mark.integration

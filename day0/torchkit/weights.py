@@ -33,7 +33,7 @@ class WeightStore:
         self.source = str(source)
         self.reader = open_reader(source)
         self.tensors = (tensors if tensors is not None
-                        else read_checkpoint(self.reader, check_config=False).tensors)
+                        else read_checkpoint(self.reader).tensors)
         self._data_start: dict[str, int] = {}
         self._files: dict[str, object] = {}
         self.bytes_read = 0

@@ -37,7 +37,7 @@ def resident_fits(source: str, dtypes: list[str]) -> bool:
     from day0.checkpoint import read_checkpoint
     from day0.yamlio import read_mapping
 
-    params = sum(t.numel for t in read_checkpoint(source, check_config=False).tensors.values())
+    params = sum(t.numel for t in read_checkpoint(source).tensors.values())
     need = sum(params * torch.empty((), dtype=getattr(torch, d)).element_size() for d in dtypes)
     available = memory.available_bytes()
     return available is None or need * read_mapping(STREAMING_FILE)["resident_slack"] <= available

@@ -1,18 +1,23 @@
 """Analysis stage: what a checkpoint is and what it needs, from config.json and headers only.
 
 ``run(Config(), StageInputs(source=...))`` reads config.json and every safetensors header (never
-tensor data; see day0.checkpoint), builds the model on the meta device with transformers' own
-class, and reports architecture, attention kind, MoE structure, RoPE, parameter counts, weight
-memory per dtype, KV cache per token and at max context, a TP/PP/EP plan for the target's cards,
-a risk checklist, and header-level findings that the checkpoint itself is broken
-(``checkpoint_problems``, day0.sanity.header_problems). ``summary_text(result)`` renders it for a
-terminal.
+tensor data; see day0.checkpoint), reads the config as transformers' class would (its defaults
+and derived values as data: day0.configview), and reports architecture, attention kind, MoE
+structure, RoPE, parameter counts, weight memory per dtype, KV cache per token and at max context,
+a TP/PP/EP plan for the target's cards, a risk checklist, and header-level findings that the
+checkpoint itself is broken (``checkpoint_problems``, day0.header_sanity). ``summary_text(result)``
+renders it for a terminal. It imports no torch and no transformers (pyproject.toml's
+analysis-no-torch contract): whether every tensor's name and shape fits transformers' class is
+checked by the scan stage, which builds that class anyway, and before any stage loads the model.
 
 Parameter counts: with weights, ``params.total`` is the exact sum of the header element counts
-of the tensors transformers' class loads as parameters (extra tensors such as MTP layers are
-reported in ``params.unused``; quantization scales and persistent buffers are left out); without
-weights it is the meta model's parameter count (tied weights once). ``params.active = total -
-routed_expert_params x (1 - k/E)``, routed experts found by name (data/analysis.yaml).
+of the tensors transformers' class loads as parameters; tensors it does not use (decoder layers
+at or beyond num_hidden_layers, such as MTP layers, and data/analysis.yaml's ``unused_by_class``)
+are reported in ``params.unused``; quantization scales and persistent buffers are left out
+(day0.checkpoint.classify; scan compares these roles with the class's). Without weights it is
+the parameter count of the class built on the meta device in a child process (tied weights once;
+day0.stages.analysis.metaparams). ``params.active = total - routed_expert_params x (1 - k/E)``,
+routed experts found by name (data/analysis.yaml).
 
 What it proves: what the model is and whether the target can hold it (plan, memory, risks), and
 whether the checkpoint's headers are sound. What it needs: config.json and the safetensors
@@ -26,17 +31,22 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from day0.checkpoint import classify, read_checkpoint
+from day0.configview import resolve
+from day0.contract import StageInputs, StageResult
+from day0.header_sanity import header_problems
+from day0.stages.analysis.metaparams import meta_parameters
 from day0.stages.analysis.model import (DTYPES, Attention, MoE, Params, Rope, attention_facts, cfg,
-                                 cfg_alias, count_params, kv_cache, layer_split, moe_facts,
-                                 rope_facts, weights_bytes)
+                                        cfg_alias, count_params, kv_cache, layer_split, moe_facts,
+                                        rope_facts, weights_bytes)
 from day0.stages.analysis.plan import GIB, Plan, make_plan
 from day0.stages.analysis.reference import ReferenceEstimate, available_gib, estimate
 from day0.stages.analysis.risks import Risk, collect_risks
-from day0.checkpoint import Checkpoint, read_checkpoint
-from day0.contract import StageInputs, StageResult
-from day0.sanity import header_problems
 
 DtypeName = Literal["bfloat16", "float8", "float16", "float32"]
+SHAPES_CHECKED = ("names and shapes against transformers' {cls}: not checked by this header-only "
+                  "analysis; `day0 scan` checks them, as does every validation (its scan stage, "
+                  "and each stage before it loads the model)")
 
 
 class Config(BaseModel):
@@ -52,8 +62,9 @@ class Config(BaseModel):
         "Share of each card's memory reserved for activations and workspaces."))
     weights_dtype: DtypeName = Field("bfloat16", description="dtype the plan places weights in.")
     kv_dtype: DtypeName = Field("bfloat16", description="dtype the plan places the KV cache in.")
-    check_shapes: bool = Field(True, description=(
-        "Compare every tensor's name and shape with the model transformers builds from config.json."))
+    count_timeout_s: float = Field(300.0, gt=0, description=(
+        "Without weights: seconds the child process that builds transformers' class on the meta "
+        "device (to count its parameters) may take before analysis gives up with an input error."))
 
 
 class Memory(BaseModel):
@@ -132,27 +143,19 @@ class Result(StageResult):
 
 def run(config: Config, inputs: StageInputs) -> Result:
     """Analyse inputs.source for inputs.target. Raises InputError/CheckpointError on bad input."""
-    from day0.modeling import build_meta_model, resolve_config
-
     started = time.monotonic()
-    built: dict = {}
-
-    def meta_model(raw: dict, config_file: str):
-        # built lazily so the checkpoint reader's name/shape check and the counts share one model
-        if "model" not in built:
-            built["resolved"] = resolve_config(raw, trust_remote_code=inputs.trust_remote_code,
-                                               file=config_file)
-            built["model"] = build_meta_model(built["resolved"])
-        return built["model"]
-
-    ckpt = read_checkpoint(inputs.source, model=meta_model, check_config=config.check_shapes,
-                           trust_remote_code=inputs.trust_remote_code)
-    model = meta_model(ckpt.config, ckpt.config_file)
-    resolved, raw = built["resolved"], ckpt.config
-    c = resolved.config
-    tensors = _tensors(ckpt, model)
-    attention = attention_facts(c, raw)
-    moe, _ = moe_facts(c, raw, tensors)
+    ckpt = read_checkpoint(inputs.source)
+    view = resolve(ckpt.config, trust_remote_code=inputs.trust_remote_code, file=ckpt.config_file)
+    architecture = view.class_name
+    if ckpt.has_weights:
+        classify(ckpt, layers=view.get("num_hidden_layers"), model_class=view.class_name)
+        tensors = [(n, t.shape) for n, t in sorted(ckpt.tensors.items())
+                   if ckpt.roles[n] == "model"]
+    else:
+        tensors, architecture = meta_parameters(view, trust_remote_code=inputs.trust_remote_code,
+                                                timeout_s=config.count_timeout_s)
+    attention = attention_facts(view)
+    moe, _ = moe_facts(view, tensors)
     unused = ckpt.params("extra") if ckpt.has_weights else 0
     params = count_params(tensors, moe, "checkpoint" if ckpt.has_weights else "config", unused)
     memory = Memory(weights_bytes=weights_bytes(tensors),
@@ -160,10 +163,10 @@ def run(config: Config, inputs: StageInputs) -> Result:
                                   if ckpt.has_weights else None),
                     note=("params.total x bytes per dtype; float8 keeps embeddings, lm_head, router "
                           "gates and norms in 2 bytes and leaves out block scales"))
-    max_context = int(config.max_context or cfg_alias(c, raw, "max_context", default=4096))
-    kv = kv_cache(attention, layer_split(c, raw, attention), max_context)
-    layers = int(cfg(c, raw, "num_hidden_layers"))
-    hidden = int(cfg(c, raw, "hidden_size"))
+    max_context = int(config.max_context or cfg_alias(view, "max_context", default=4096))
+    kv = kv_cache(attention, layer_split(view, attention), max_context)
+    layers = int(view.require("num_hidden_layers"))
+    hidden = int(view.require("hidden_size"))
     target = inputs.target
     plan = make_plan(weights=memory.weights_bytes[config.weights_dtype],
                      kv=kv["bytes_at_max_context"][config.kv_dtype] * config.batch_size,
@@ -175,31 +178,23 @@ def run(config: Config, inputs: StageInputs) -> Result:
                      cards_per_domain=target.cards_per_domain,
                      headroom_fraction=config.headroom_fraction, weights_dtype=config.weights_dtype,
                      kv_dtype=config.kv_dtype, batch=config.batch_size, context=max_context)
-    risks = collect_risks(c=c, raw=raw, notes=resolved.notes, attention=attention, moe=moe,
-                          rope=rope_facts(c, raw), kv=kv, params=params,
-                          weights_bf16=memory.weights_bytes["bfloat16"], plan=plan, ckpt=ckpt,
-                          param_names=[n for n, _ in tensors])
-    return Result(source=str(inputs.source), architecture=resolved.model_class.__name__,
-                  model_type=str(c.model_type), config_model_type=raw.get("model_type"),
-                  num_layers=layers, hidden_size=hidden, vocab_size=cfg(c, raw, "vocab_size"),
-                  attention=attention, moe=moe, rope=rope_facts(c, raw), max_context=max_context,
+    rope = rope_facts(view)
+    risks = collect_risks(view=view, notes=view.notes, attention=attention, moe=moe, rope=rope,
+                          kv=kv, params=params, weights_bf16=memory.weights_bytes["bfloat16"],
+                          plan=plan, ckpt=ckpt, param_names=[n for n, _ in tensors])
+    intermediate = cfg(view, "intermediate_size")
+    return Result(source=str(inputs.source), architecture=architecture,
+                  model_type=view.model_type, config_model_type=view.raw.get("model_type"),
+                  num_layers=layers, hidden_size=hidden, vocab_size=cfg(view, "vocab_size"),
+                  attention=attention, moe=moe, rope=rope, max_context=max_context,
                   params=params, memory=memory, kv_cache=KVCache(**kv), plan=plan, risks=risks,
                   checkpoint=CheckpointInfo(**ckpt.summary()),
                   reference=estimate(tensors, active_params=params.active, hidden=hidden,
-                                     vocab=cfg(c, raw, "vocab_size"), target_dtype=target.dtype,
-                                     intermediate=getattr(c, "intermediate_size", None),
-                                     available_gib=available_gib()),
+                                     vocab=cfg(view, "vocab_size"), target_dtype=target.dtype,
+                                     intermediate=intermediate if isinstance(intermediate, int)
+                                     else None, available_gib=available_gib()),
                   checkpoint_problems=header_problems(ckpt) if ckpt.has_weights else [],
                   wall_s=round(time.monotonic() - started, 3))
-
-
-def _tensors(ckpt: Checkpoint, model) -> list[tuple[str, tuple[int, ...]]]:
-    """(name, shape) of what transformers' class holds: header tensors it loads, else the meta
-    model's parameters (shared/tied parameters once)."""
-    if ckpt.has_weights:
-        return [(n, t.shape) for n, t in sorted(ckpt.tensors.items())
-                if ckpt.roles.get(n, "model") == "model"]
-    return [(n, tuple(p.shape)) for n, p in model.named_parameters()]
 
 
 def _fmt_count(n: int) -> str:
@@ -234,7 +229,8 @@ def summary_text(result: Result) -> str:
     else:
         lines.append("MoE: none (dense)")
     if r.rope:
-        lines.append(f"RoPE: theta {r.rope.theta:g}, {r.rope.type}"
+        theta = "per layer type" if r.rope.theta is None else f"{r.rope.theta:g}"  # nested params
+        lines.append(f"RoPE: theta {theta}, {r.rope.type}"
                      + (f" x{r.rope.factor:g} from {r.rope.original_max_positions}" if r.rope.factor else "")
                      + f"; max context {r.max_context}")
     lines.append(f"params: {_fmt_count(p.total)} total, {_fmt_count(p.active)} active"
@@ -260,6 +256,7 @@ def summary_text(result: Result) -> str:
         lines.append(f"checkpoint: {ck.tensors} tensors in {len(ck.files)} files, "
                      f"{_fmt_bytes(ck.total_bytes)}; read {_fmt_bytes(ck.bytes_read)}"
                      f" ({(ck.bytes_read_ratio or 0):.2e} of it)")
+        lines.append(f"  {SHAPES_CHECKED.format(cls=r.architecture)}")
     else:
         lines.append("checkpoint: config.json only (no weights)")
     lines.append(f"risks ({len(r.risks)}):")

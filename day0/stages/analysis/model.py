@@ -1,8 +1,10 @@
 """Architecture facts for the analysis stage: attention, MoE, RoPE, parameters, memory, KV cache.
 
-Everything here is arithmetic over config.json (as transformers resolves it) and a list of
-``(name, shape)`` tensors: the checkpoint's headers when weights exist, otherwise the meta model's
-parameters. Formulas are in the docstrings; thresholds and name patterns in data/analysis.yaml.
+Everything here is arithmetic over config.json as transformers' class reads it (a
+day0.configview.ConfigView: ``view.get(*names)``, ``view.raw``) and a list of ``(name, shape)``
+tensors: the checkpoint's headers when weights exist, otherwise the parameters of transformers'
+class built on the meta device in a child process. Formulas are in the docstrings; thresholds and
+name patterns in data/analysis.yaml.
 """
 
 from __future__ import annotations
@@ -67,50 +69,44 @@ class Params(BaseModel):
     source: str = Field(description="'checkpoint' (header element counts) or 'config' (meta model).")
 
 
-def cfg(resolved_config, raw: dict, *names, default=None):
-    """First non-null of names on the transformers config, then in the raw config.json."""
-    for name in names:
-        value = getattr(resolved_config, name, None)
-        if value is None:
-            value = raw.get(name)
-        if value is not None:
-            return value
-    return default
+def cfg(view, *names, default=None):
+    """First non-null of names as transformers' class reads config.json (day0.configview)."""
+    return view.get(*names, default=default)
 
 
-def cfg_alias(resolved_config, raw: dict, key: str, default=None):
-    return cfg(resolved_config, raw, *data()["config_fields"][key], default=default)
+def cfg_alias(view, key: str, default=None):
+    return cfg(view, *data()["config_fields"][key], default=default)
 
 
-def attention_facts(c, raw: dict) -> Attention:
-    heads = int(cfg(c, raw, "num_attention_heads"))
-    kv = int(cfg(c, raw, "num_key_value_heads", default=heads))
-    hidden = int(cfg(c, raw, "hidden_size"))
-    layer_types = cfg(c, raw, "layer_types") or []
+def attention_facts(view) -> Attention:
+    heads = int(view.require("num_attention_heads"))
+    kv = int(cfg(view, "num_key_value_heads", default=heads))
+    hidden = int(view.require("hidden_size"))
+    layer_types = cfg(view, "layer_types") or []
     counts: dict[str, int] = {}
     for kind in layer_types:
         counts[kind] = counts.get(kind, 0) + 1
-    window = cfg(c, raw, "sliding_window", "attention_chunk_size")
-    if cfg(c, raw, "kv_lora_rank"):
-        rope = int(cfg(c, raw, "qk_rope_head_dim", default=0))
-        nope = int(cfg(c, raw, "qk_nope_head_dim", default=0))
+    window = cfg(view, "sliding_window", "attention_chunk_size")
+    if cfg(view, "kv_lora_rank"):
+        rope = int(cfg(view, "qk_rope_head_dim", default=0))
+        nope = int(cfg(view, "qk_nope_head_dim", default=0))
         return Attention(kind="mla", num_heads=heads, num_kv_heads=heads, head_dim=nope + rope,
-                         v_head_dim=int(cfg(c, raw, "v_head_dim", default=nope + rope)),
-                         kv_lora_rank=int(cfg(c, raw, "kv_lora_rank")),
-                         q_lora_rank=cfg(c, raw, "q_lora_rank"), qk_rope_head_dim=rope,
+                         v_head_dim=int(cfg(view, "v_head_dim", default=nope + rope)),
+                         kv_lora_rank=int(cfg(view, "kv_lora_rank")),
+                         q_lora_rank=cfg(view, "q_lora_rank"), qk_rope_head_dim=rope,
                          sliding_window=window, layer_types=counts)
-    head_dim = int(cfg(c, raw, "head_dim", default=hidden // heads))
+    head_dim = int(cfg(view, "head_dim", default=hidden // heads))
     kind = "mqa" if kv == 1 else "mha" if kv == heads else "gqa"
     return Attention(kind=kind, num_heads=heads, num_kv_heads=kv, head_dim=head_dim,
                      v_head_dim=head_dim, sliding_window=window, layer_types=counts)
 
 
-def rope_facts(c, raw: dict) -> Rope | None:
+def rope_facts(view) -> Rope | None:
     """transformers 5 keeps RoPE in rope_parameters; older config.json in rope_theta/rope_scaling."""
-    params = dict(cfg(c, raw, "rope_parameters") or {})
-    scaling = raw.get("rope_scaling") or {}
+    params = dict(cfg(view, "rope_parameters") or {})
+    scaling = view.raw.get("rope_scaling") or {}
     params = {**scaling, **params}
-    theta = params.get("rope_theta", cfg(c, raw, "rope_theta"))
+    theta = params.get("rope_theta", cfg(view, "rope_theta"))
     if theta is None and not params:
         return None
     kind = params.get("rope_type") or params.get("type") or "default"
@@ -141,24 +137,24 @@ def routed_expert_names(tensors: Iterable[tuple[str, tuple[int, ...]]], num_expe
     return found
 
 
-def moe_facts(c, raw: dict, tensors: list[tuple[str, tuple[int, ...]]]) -> tuple[MoE | None, set[str]]:
-    experts = cfg_alias(c, raw, "num_experts")
+def moe_facts(view, tensors: list[tuple[str, tuple[int, ...]]]) -> tuple[MoE | None, set[str]]:
+    experts = cfg_alias(view, "num_experts")
     if not experts or int(experts) <= 1:
         return None, set()
     experts = int(experts)
-    k = int(cfg_alias(c, raw, "experts_per_token", default=1))
-    shared = cfg_alias(c, raw, "shared_experts")
+    k = int(cfg_alias(view, "experts_per_token", default=1))
+    shared = cfg_alias(view, "shared_experts")
     if shared is None:  # Qwen2-MoE style: one shared expert when it has a size
-        shared = 1 if cfg(c, raw, "shared_expert_intermediate_size") else 0
+        shared = 1 if cfg(view, "shared_expert_intermediate_size") else 0
     routed = routed_expert_names(tensors, experts)
     layer_re = re.compile(data()["patterns"]["layer"])
     layers = {m.group(1) for n in routed if (m := layer_re.search(n))}
     sizes = dict(tensors)
-    scoring = cfg(c, raw, "scoring_func")
+    scoring = cfg(view, "scoring_func")
     return MoE(num_experts=experts, experts_per_token=k, shared_experts=int(shared),
                moe_layers=len(layers), routed_params=sum(math.prod(sizes[n]) for n in routed),
                scoring=None if scoring in (None, "softmax") else str(scoring),
-               n_group=cfg(c, raw, "n_group"), topk_group=cfg(c, raw, "topk_group")), routed
+               n_group=cfg(view, "n_group"), topk_group=cfg(view, "topk_group")), routed
 
 
 def count_params(tensors: list[tuple[str, tuple[int, ...]]], moe: MoE | None, source: str,
@@ -184,9 +180,9 @@ def weights_bytes(tensors: list[tuple[str, tuple[int, ...]]]) -> dict[str, int]:
     return {d: out[d] for d in DTYPES}
 
 
-def layer_split(c, raw: dict, attention: Attention) -> dict[str, int]:
+def layer_split(view, attention: Attention) -> dict[str, int]:
     """Decoder layers by KV behaviour: full (grows with context), windowed (capped), stateful (none)."""
-    layers = int(cfg(c, raw, "num_hidden_layers"))
+    layers = int(view.require("num_hidden_layers"))
     if attention.layer_types:
         split = {"full": 0, "windowed": 0, "stateful": 0}
         for kind, n in attention.layer_types.items():
@@ -197,7 +193,7 @@ def layer_split(c, raw: dict, attention: Attention) -> dict[str, int]:
             split["full"] += split.pop("windowed")
             split["windowed"] = 0
         return split
-    windowed = attention.sliding_window and raw.get("use_sliding_window", True) is not False
+    windowed = attention.sliding_window and view.raw.get("use_sliding_window", True) is not False
     return {"full": 0 if windowed else layers, "windowed": layers if windowed else 0, "stateful": 0}
 
 

@@ -30,21 +30,22 @@ def _add(risks: list[Risk], rid: str, severity: str | None = None, **fields) -> 
     risks.append(Risk(id=rid, severity=severity or sev, message=message))
 
 
-def collect_risks(*, c, raw: dict, notes: list[str], attention, moe, rope, kv: dict, params,
+def collect_risks(*, view, notes: list[str], attention, moe, rope, kv: dict, params,
                   weights_bf16: int, plan, ckpt, param_names: list[str]) -> list[Risk]:
-    """Every risk that applies, in checklist order."""
+    """Every risk that applies, in checklist order (view: day0.configview.ConfigView)."""
+    raw = view.raw
     risks: list[Risk] = []
     for note in notes:
-        # resolve_config's plain "has auto_map" note is what the remote_code risk says, in detail
+        # the plain "has auto_map" note of the type resolution is what remote_code says, in detail
         if "unknown" in note or "auto_map" not in note:
             _add(risks, "config_fallback", note=note)
     if raw.get("auto_map"):
         classes = sorted({str(v).split(".")[-1] for v in raw["auto_map"].values()})
         _add(risks, "remote_code", classes=", ".join(classes))
-    _attention_risks(risks, c, raw, attention, kv)
-    _moe_risks(risks, c, raw, moe, int(cfg(c, raw, "num_hidden_layers")))
+    _attention_risks(risks, view, attention, kv)
+    _moe_risks(risks, view, moe, int(view.require("num_hidden_layers")))
     _context_risks(risks, rope, kv, weights_bf16)
-    if cfg(c, raw, "tie_word_embeddings"):
+    if cfg(view, "tie_word_embeddings"):
         _add(risks, "tied_embeddings")
     qk = re.compile(data()["patterns"]["qk_norm"])
     if any(qk.search(n) for n in param_names):
@@ -71,8 +72,8 @@ def collect_risks(*, c, raw: dict, notes: list[str], attention, moe, rope, kv: d
     return risks
 
 
-def _attention_risks(risks, c, raw, attention, kv) -> None:
-    layers = int(cfg(c, raw, "num_hidden_layers"))
+def _attention_risks(risks, view, attention, kv) -> None:
+    layers = int(view.require("num_hidden_layers"))
     if attention.kind == "mla":
         _add(risks, "mla", kv_lora_rank=attention.kv_lora_rank, q_lora_rank=attention.q_lora_rank,
              rope_dim=attention.qk_rope_head_dim)
@@ -90,7 +91,7 @@ def _attention_risks(risks, c, raw, attention, kv) -> None:
         _add(risks, "linear_attention", count=split["stateful"], layers=layers, kinds=", ".join(kinds))
 
 
-def _moe_risks(risks, c, raw, moe, layers: int) -> None:
+def _moe_risks(risks, view, moe, layers: int) -> None:
     if moe is None:
         return
     _add(risks, "moe", num_experts=moe.num_experts, k=moe.experts_per_token,
@@ -99,12 +100,12 @@ def _moe_risks(risks, c, raw, moe, layers: int) -> None:
         _add(risks, "experts_not_found", num_experts=moe.num_experts)
     if moe.n_group and moe.n_group > 1:
         _add(risks, "moe_grouped_routing", n_group=moe.n_group, topk_group=moe.topk_group,
-             topk_method=raw.get("topk_method", "n/a"))
+             topk_method=view.raw.get("topk_method", "n/a"))
     if moe.scoring:
         bias = (" with a learned score-correction bias (noaux_tc)"
-                if raw.get("topk_method") == "noaux_tc" else "")
+                if view.raw.get("topk_method") == "noaux_tc" else "")
         _add(risks, "sigmoid_scoring", scoring=moe.scoring, bias=bias)
-    factor = cfg(c, raw, "routed_scaling_factor")
+    factor = cfg(view, "routed_scaling_factor")
     if factor not in (None, 1, 1.0):
         _add(risks, "routed_scaling", factor=factor)
 

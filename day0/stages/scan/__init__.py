@@ -10,9 +10,16 @@
 3. Ops outside ``day0/data/common_ops.yaml`` are long-tail: the first to lack a kernel on a new
    backend.
 
-What it proves: every aten op the full-size model needs, and whether the target runs each.
-What it needs: config.json only (meta tensors, no weights), the target's device (or its
-op_manifest); runs after analysis and reads no other stage's result.
+Before the forward, with weights present, every tensor's name and shape in the safetensors
+headers is compared with that same full-size model after transformers' own loading conversions
+(day0.checkpoint_match; ``check_shapes``): a mismatch is one CheckpointError listing every problem
+(exit 2), tensors the class does not use are reported (``checkpoint``), and where the header-only
+roles analysis counted with differ from the class's, a note says so.
+
+What it proves: every aten op the full-size model needs, whether the target runs each, and that
+the checkpoint's tensors are the ones transformers' class loads. What it needs: config.json (meta
+tensors, no weights data) and the safetensors headers, the target's device (or its op_manifest);
+runs after analysis and reads no other stage's result.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from day0 import DATA_DIR
 from day0.contract import StageInputs, StageResult
 from day0.errors import ConfigError
 from day0 import memory, progress
+from day0.stages.scan.match import CheckpointMatch, match_checkpoint
 from day0.yamlio import read_mapping
 
 DATA = DATA_DIR
@@ -59,6 +67,8 @@ class Config(BaseModel):
         None, description="transformers MoE experts implementation; None = transformers' default.")
     attn_implementation: Literal["eager", "sdpa"] | None = Field(
         None, description="transformers attention implementation; None = transformers' default.")
+    check_shapes: bool = Field(True, description=(
+        "Compare every tensor's name and shape with the model transformers builds from config.json."))
 
 
 class OpRow(BaseModel):
@@ -97,6 +107,8 @@ class Result(StageResult):
     probe_dims: dict = Field(default_factory=dict, description="Dims of the probe model.")
     notes: list[str] = Field(default_factory=list, description=(
         "Config fallbacks and the assumptions made for data-dependent ops."))
+    checkpoint: CheckpointMatch | None = Field(None, description=(
+        "Names and shapes against the class; None for a config.json alone or check_shapes off."))
 
     def metrics(self) -> dict[str, float | None]:
         return {
@@ -144,9 +156,9 @@ def common_ops() -> list[str]:
 def run(config: Config, inputs: StageInputs) -> Result:
     import torch
 
+    from day0.checkpoint_io import read_config
     from day0.modeling import resolve_config
     from day0.stages.scan.meta import meta_scan
-    from day0.checkpoint_io import read_config
 
     start = time.perf_counter()
     progress.plan({"layers": 4, "probe": 1})
@@ -160,9 +172,12 @@ def run(config: Config, inputs: StageInputs) -> Result:
     def resolved():  # the probe needs its own copy: the meta scan sets implementation fields
         return resolve_config(data, trust_remote_code=inputs.trust_remote_code, file=file)
 
+    matched: dict = {}
     meta = meta_scan(resolved(), dtype=dtype, seq_len=config.seq_len,
                      experts_implementation=config.experts_implementation,
-                     attn_implementation=config.attn_implementation)
+                     attn_implementation=config.attn_implementation,
+                     before_forward=(lambda model: matched.update(match_checkpoint(inputs, model)))
+                     if config.check_shapes else None)
     probe = None
     if manifest is None and config.probe and target.device != "meta":
         from day0.stages.scan.probe import run_probe
@@ -194,7 +209,8 @@ def run(config: Config, inputs: StageInputs) -> Result:
         peak_rss_bytes=memory.peak_rss_bytes(),
         scan_error=meta.error, scan_failed_op=meta.failed_op,
         probe_error=probe.error if probe else None, probe_dims=probe.dims if probe else {},
-        notes=meta.notes)
+        notes=meta.notes, checkpoint=matched.get("match"),
+        checkpoint_problems=matched.get("problems", []))
 
 
 def _rows(meta_rec, probe, manifest, manifest_path) -> list[OpRow]:
@@ -249,6 +265,13 @@ def summary_text(result: Result) -> str:
     if result.long_tail:
         lines.append(f"  long-tail ({len(result.long_tail)}): {', '.join(result.long_tail)}")
     lines += [f"  note: {n}" for n in result.notes]
+    ck = result.checkpoint
+    if ck:
+        lines.append(f"checkpoint: {ck.tensors} tensors match transformers' {ck.model_class}"
+                     + (f" ({ck.unused_params:,} parameters it does not use)"
+                        if ck.unused_params else ""))
+        lines += [f"  note: {n}" for n in ck.notes]
+    lines += [f"the checkpoint is broken: {p}" for p in result.checkpoint_problems]
     return "\n".join(lines)
 
 

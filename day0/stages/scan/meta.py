@@ -264,10 +264,12 @@ def _layer_progress(model, recorder) -> list:
 
 
 def meta_scan(resolved, *, dtype: torch.dtype, seq_len: int, batch: int = 1,
-              experts_implementation: str | None = None, attn_implementation: str | None = None
-              ) -> MetaScan:
+              experts_implementation: str | None = None, attn_implementation: str | None = None,
+              before_forward=None) -> MetaScan:
     """Build the model at full size on meta and record one forward of batch x seq_len tokens.
 
+    ``before_forward(model)`` runs on the built model first (the checkpoint's names and shapes
+    are compared with it there: one model for both, and a mismatch stops before the forward).
     Target plugins are not applied here: they are written for a model with weights (and a
     fault-injecting one would stop the scan); the probe runs them, and ops a plugin replaces show
     up as unprobed there rather than silently covered.
@@ -281,6 +283,8 @@ def meta_scan(resolved, *, dtype: torch.dtype, seq_len: int, batch: int = 1,
     if attn_implementation is not None:
         config._attn_implementation = attn_implementation
     model = build_meta_model(resolved, dtype=dtype)
+    if before_forward is not None:
+        before_forward(model)
     notes = list(resolved.notes)
     quant = getattr(config, "quantization_config", None)
     if quant:
