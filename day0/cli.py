@@ -94,10 +94,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default="day0", help="deployment name (default day0)")
     p.add_argument("--target", default=None, help="default target parameter of the deployment")
     p.add_argument("--limit", type=int, default=None, help="most flow runs at once")
-    p.add_argument("--stages", default=None, type=lambda v: [s for s in v.split(",") if s],
-                   metavar="A,B", help=(
-                       "default stages parameter of the deployment (and what they need): its "
-                       "runs, a release's included, run only these unless a run names others"))
 
     p = sub.add_parser("baseline", help="performance baselines",
                        description="Promote a finished run's performance figures to baseline.")
@@ -242,12 +238,9 @@ def cmd_baseline(args) -> int:
 
 def cmd_serve(args) -> int:
     """Register the `validate` deployment on PREFECT_API_URL and run its flow runs here."""
-    from day0 import stages
     from day0.orchestration import local
 
-    if args.stages:  # an unknown stage: exit 2 now, not a failed run per release later
-        stages.check_names(args.stages, field="--stages")
-    local.serve(args.name, limit=args.limit, target=args.target, stages=args.stages)
+    local.serve(args.name, limit=args.limit, target=args.target)
     return 0
 
 

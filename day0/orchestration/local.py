@@ -97,18 +97,15 @@ def validate_on(deployment: str, request: ValidateRequest,
     return read_report(flow_run)  # plain JSON: never State.result(), which may unpickle
 
 
-def serve(name: str, *, limit: int | None = None, target: str | None = None,
-          stages: list[str] | None = None) -> None:
-    """Register deployment validate/<name> on PREFECT_API_URL and run its flow runs here;
-    target and stages: the deployment's default parameters (a run may name others)."""
+def serve(name: str, *, limit: int | None = None, target: str | None = None) -> None:
+    """Register deployment validate/<name> on PREFECT_API_URL and run its flow runs here."""
     from prefect.deployments.runner import EntrypointType
 
     from flows.validate import validate as flow
 
     # module entrypoint: runs resolve `flows.validate` from the installed package, whatever the cwd
     flow.serve(name=name, limit=limit, tags=["day0"], entrypoint_type=EntrypointType.MODULE_PATH,
-               parameters={k: v for k, v in (("target", target), ("stages", stages)) if v}
-               or None,
+               parameters={"target": target} if target else None,
                description="day0 validation: the registered stages, gates, report.")
 
 

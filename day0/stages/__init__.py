@@ -164,16 +164,6 @@ def names() -> list[str]:
     return list(locators())
 
 
-def check_names(selected: list[str], field: str = "stages") -> None:
-    """A ConfigError naming the first stage not registered, with the closest name."""
-    known = names()
-    for name in selected:
-        if name not in known:
-            raise ConfigError(f"unknown stage '{name}'", field=field,
-                              fix=did_you_mean(name, known).strip()
-                              or f"use one of {', '.join(known)}")
-
-
 def get(name: str, locator: str | None = None) -> Stage:
     """The stage called name (a given locator wins: what the parent resolved for a child)."""
     found = locator or locators().get(name)
@@ -230,4 +220,4 @@ def plan(selected: list[str] | None, target_kind: str) -> list[list[str]]:
 
 
 __all__ = ["Stage", "ENTRY_POINT_GROUP", "BUILTIN", "register", "unregister", "locators",
-           "check_names", "names", "get", "plan"]
+           "names", "get", "plan"]

@@ -89,7 +89,6 @@ def post_s3(url: str, body: dict) -> httpx.Response:
 DEPLOYMENT = "validate/day0-one-identity"
 MODEL = "acme/tiny-llama"
 SOURCE = f"s3://models/{MODEL}"
-STAGES = "alignment,evaluation"  # the deployment's default stages (`day0 serve --stages`)
 
 
 @pytest.fixture(scope="module")
@@ -106,11 +105,8 @@ def stack(prefect_server, tmp_path_factory):
            "DAY0_CACHE_DIR": str(root / "cache")}
     env.pop("DAY0_RESULTS_URI", None)
     with open(root / "serve.log", "wb") as log:
-        # what the assertions read: the runs' verdicts and the reference sides stored by
-        # alignment (its bank) and evaluation, not the machine's timings (performance)
         served = subprocess.Popen([sys.executable, "-m", "day0.cli", "serve", "--name",
-                                   DEPLOYMENT.split("/")[1], "--stages", STAGES],
-                                  env=env, stdout=log,
+                                   DEPLOYMENT.split("/")[1]], env=env, stdout=log,
                                   stderr=subprocess.STDOUT, start_new_session=True)
     config = write_config(root / "receiver.yaml", {
         "deployment": DEPLOYMENT, "targets": ["cpu-bf16"], "journal": str(root / "journal.sqlite"),
@@ -200,8 +196,7 @@ def test_four_entry_paths_one_folder_four_runs(stack):
     assert third.state.is_completed(), log.read_text()[-3000:]
     # (d) `day0 validate s3://...` on the command line
     cli = subprocess.run([sys.executable, "-m", "day0.cli", "validate", SOURCE, "--target",
-                          "cpu-bf16", "--stages", STAGES, "--json"], env=env,
-                         capture_output=True, text=True,
+                          "cpu-bf16", "--json"], env=env, capture_output=True, text=True,
                          timeout=900)
     assert cli.returncode == 0, cli.stderr[-3000:]
     fourth = json.loads(cli.stdout)
