@@ -145,7 +145,10 @@ def test_int4_late_changes_only_late_positions(name):
     start = m.day0_quantized_from_position
     assert start == int(0.75 * m.config.max_position_embeddings)
     faulty = logits(m)
-    assert torch.equal(faulty[:start], clean(name)[:start])
+    # not bit-equal everywhere: an MoE's expert batches change with the late tokens' routes,
+    # and with them the matmuls' blocking on some CPUs (AVX2 EPYC: last-bit differences); a
+    # change the fault makes is over 100x this tolerance
+    torch.testing.assert_close(faulty[:start], clean(name)[:start], rtol=1e-5, atol=1e-5)
     assert ((faulty[start:] - clean(name)[start:]).abs().amax(-1) > 1e-3).all()
 
 

@@ -101,7 +101,9 @@ def test_hanging_stage_is_killed_at_its_timeout(prefect_server, docker_client, t
 
 def test_image_lacking_a_dependency_names_it(prefect_server, docker_client, broken_image, tmp_path):
     failed = _error_run(tmp_path, docker_target(tmp_path, image=broken_image))
-    assert "analysis" in failed  # transformers checks its dependencies at import
+    # analysis reads headers with no torch or transformers: it finishes; every stage that
+    # imports transformers (which checks its dependencies at import) fails naming the package
+    assert "analysis" not in failed and {"scan", "alignment", "evaluation"} <= set(failed)
     for stage in failed.values():
         assert stage["failure"] == "image", stage
         assert "lacks a dependency" in stage["error"] and broken_image in stage["error"]

@@ -33,12 +33,12 @@ class Config(BaseModel):
     batch_size: int | None = Field(None, ge=1, le=512, description=(
         "Requests per forward (in process). Default: batch_tokens divided by the longest "
         "prompt this run can have (the long-context length, at least 256), between 1 and 64."))
-    share_context: bool = Field(True, description=(
+    share_context: bool = Field(False, description=(
         "In process: a context shared by several requests (a multiple-choice item's choices) "
         "runs once and each choice continues from its key/value cache (3x fewer tokens on the "
-        "bundled tasks); off: lm-eval's whole-sequence forward per request. Both sides use "
-        "the same setting; a model whose cached forward disagrees with its whole forward is "
-        "scored whole."))
+        "bundled tasks); off (default): lm-eval's whole-sequence forward per request, the "
+        "path the gates were calibrated on. Both sides use the same setting; a model whose "
+        "cached forward disagrees with its whole forward is scored whole."))
     batch_tokens: int = Field(16384, ge=256, description=(
         "Padded tokens per forward that the default batch size aims at (memory: a batch's "
         "attention and logits grow with it)."))
