@@ -206,6 +206,8 @@ def cmd_validate(args) -> int:
                         revision=args.revision, deployment=args.deployment,
                         stages=args.stages, promote_baseline=args.promote_baseline,
                         duration=args.duration)
+    if not args.deployment:
+        local.warm_up(req)
     report_json = local.validate_on(args.deployment, req) if args.deployment else local.validate(req)
     report = reporting.Report.model_validate(report_json)
     code, error = request.exit_status(report)

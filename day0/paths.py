@@ -16,3 +16,10 @@ def state_home() -> Path:
     # the XDG spec says to ignore a relative value
     root = Path(base) if os.path.isabs(base) else Path.home() / ".local" / "state"
     return root / "day0"
+
+
+def server_home() -> Path:
+    """Where the kept Prefect server (`day0 server`) and its kept stage hosts keep their state:
+    ``$DAY0_SERVER_DIR``, else ``state_home()/server``."""
+    root = os.environ.get("DAY0_SERVER_DIR")
+    return Path(root).expanduser().resolve() if root else state_home() / "server"

@@ -213,7 +213,11 @@ def _start_child(argv: list[str], env: dict, log: Callable[[str], None]):
     `python -m day0.stage` (DAY0_STAGE_HOST=0, or a host that cannot start)."""
     if stagehost.enabled():
         try:
-            return stagehost.host_for(env).spawn("day0.stage:main", argv, env, os.getcwd())
+            host = stagehost.host_for(env)
+            child = host.spawn("day0.stage:main", argv, env, os.getcwd())
+            if isinstance(host, stagehost.KeptHost):  # its code is the code of its start
+                log(f"forked from the kept stage host (pid {host.pid}, {host.record.parent})")
+            return child
         except stagehost.HostUnavailable as exc:
             log(f"{exc}; starting the stage cold")
     return subprocess.Popen([sys.executable, "-m", "day0.stage", *argv], stdout=subprocess.PIPE,

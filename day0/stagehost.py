@@ -19,11 +19,19 @@ inherit) and is single-threaded, so forking it is safe.
 
 The host exits when its owner goes (its stdin closes). A host that dies while a stage runs is seen
 by the owner as a closed connection: ``HostedProcess.host_died`` (an ERROR naming the host).
+
+A kept host (``KeptHost``) outlives the command that started it: beside the kept Prefect server
+(`day0 server`), the first `day0 validate` leaves its host running, registered under the
+server's folder by its key, and every later day0 process with the same key forks its stages
+from it instead of importing the stack again. Its key also holds a stamp of the code it imported
+(day0's sources, the site-packages folders): an edit or an install gives a new host. It leaves
+after the server's idle time without a stage, or within a second of the server's watcher.
 """
 
 from __future__ import annotations
 
 import atexit
+import hashlib
 import importlib
 import json
 import os
@@ -38,6 +46,9 @@ import time
 from pathlib import Path
 
 from day0 import lifecycle
+from day0.atomic import write_atomic
+from day0.paths import server_home
+from day0.stack import procs
 
 # read when a module is imported (libgomp's thread count, hub offline mode, ...): a forked child
 # would keep the host's values, so they are part of the host's key
@@ -78,11 +89,13 @@ class HostedProcess:
         self.host_died = False
         self._buffer = b""
 
-    def _read(self, block: bool) -> None:
+    def _read(self, block: bool, timeout: float | None = None) -> None:
         self._conn.setblocking(block)
+        if block and timeout is not None:
+            self._conn.settimeout(max(timeout, 0.001))
         try:
             chunk = self._conn.recv(4096)
-        except BlockingIOError:
+        except (BlockingIOError, TimeoutError):
             return
         except OSError:
             chunk = b""
@@ -106,13 +119,57 @@ class HostedProcess:
         while self.returncode is None:
             if deadline is not None and time.monotonic() > deadline:
                 raise subprocess.TimeoutExpired("day0.stage", timeout)
-            self._read(block=True)
+            self._read(block=True, timeout=None if deadline is None
+                       else deadline - time.monotonic())
         self._conn.close()
         return self.returncode
 
 
-class StageHost:
-    """One warm host process; `spawn` forks a stage child from it."""
+class _Host:
+    """What an owner needs of a host: its pid, its socket, whether it is ready and alive."""
+
+    pid: int
+    socket_path: str
+
+    def alive(self) -> bool:
+        raise NotImplementedError
+
+    def _wait_ready(self) -> None:
+        """Return once the host forks; HostUnavailable when it never will."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def spawn(self, entry: str, argv: list[str], env: dict[str, str], cwd: str) -> HostedProcess:
+        """Fork a child that runs `entry` ("module:function", called with argv, as `python -m`)."""
+        self._wait_ready()
+        read_end, write_end = os.pipe()
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.connect(self.socket_path)
+            request = json.dumps({"entry": entry, "argv": argv, "env": env, "cwd": cwd}).encode()
+            socket.send_fds(conn, [len(request).to_bytes(8, "big") + request], [write_end])
+            os.close(write_end)
+            write_end = -1
+            reply = b""
+            while not reply.endswith(b"\n"):
+                chunk = conn.recv(256)
+                if not chunk:
+                    raise OSError("connection closed")
+                reply += chunk
+            pid = int(json.loads(reply)["pid"])
+        except (OSError, ValueError, KeyError) as exc:
+            conn.close()
+            os.close(read_end)
+            if write_end >= 0:
+                os.close(write_end)
+            raise HostUnavailable(f"stage host (pid {self.pid}) did not fork: {exc}") from exc
+        return HostedProcess(conn, os.fdopen(read_end, "r", errors="replace"), pid, self.pid)
+
+
+class StageHost(_Host):
+    """One warm host process owned by this one; `spawn` forks a stage child from it."""
 
     def __init__(self, env: dict[str, str]):
         self._dir = tempfile.mkdtemp(prefix="day0-host-")
@@ -136,33 +193,14 @@ class StageHost:
     def alive(self) -> bool:
         return self.proc.poll() is None and self._error is None
 
-    def spawn(self, entry: str, argv: list[str], env: dict[str, str], cwd: str) -> HostedProcess:
-        """Fork a child that runs `entry` ("module:function", called with argv, as `python -m`)."""
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _wait_ready(self) -> None:
         if not self._ready.wait(START_TIMEOUT_S) or self._error or not self.alive():
             raise HostUnavailable(f"stage host (pid {self.proc.pid}) did not start: "
                                   f"{self._error or 'timed out'}")
-        read_end, write_end = os.pipe()
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            conn.connect(self.socket_path)
-            request = json.dumps({"entry": entry, "argv": argv, "env": env, "cwd": cwd}).encode()
-            socket.send_fds(conn, [len(request).to_bytes(8, "big") + request], [write_end])
-            os.close(write_end)
-            write_end = -1
-            reply = b""
-            while not reply.endswith(b"\n"):
-                chunk = conn.recv(256)
-                if not chunk:
-                    raise OSError("connection closed")
-                reply += chunk
-            pid = int(json.loads(reply)["pid"])
-        except (OSError, ValueError, KeyError) as exc:
-            conn.close()
-            os.close(read_end)
-            if write_end >= 0:
-                os.close(write_end)
-            raise HostUnavailable(f"stage host (pid {self.proc.pid}) did not fork: {exc}") from exc
-        return HostedProcess(conn, os.fdopen(read_end, "r", errors="replace"), pid, self.proc.pid)
 
     def close(self) -> None:
         try:
@@ -175,13 +213,99 @@ class StageHost:
         os.rmdir(self._dir) if os.path.isdir(self._dir) else None
 
 
-_hosts: dict[tuple, StageHost] = {}
+def code_stamp() -> str:
+    """What a kept host has imported, as mtimes: day0's sources (an edit) and the site-packages
+    folders (an install adds or removes entries). A few hundred stat calls, milliseconds."""
+    package = Path(__file__).resolve().parent
+    newest = max((p.stat().st_mtime_ns for p in package.rglob("*.py")), default=0)
+    sites = sorted({p for p in sys.path if p.endswith("-packages") and os.path.isdir(p)})
+    return ":".join([str(newest), *(str(os.stat(p).st_mtime_ns) for p in sites)])
+
+
+def kept_dir() -> Path:
+    return server_home() / "hosts"
+
+
+class KeptHost(_Host):
+    """A host kept between commands, registered by its key under kept_dir(); any day0 process
+    with that key forks its stages from it. Not this process's to close."""
+
+    def __init__(self, record: Path, pid: int, ticks: int | None, socket_path: str):
+        self.record, self.pid, self.ticks, self.socket_path = record, pid, ticks, socket_path
+
+    @staticmethod
+    def record_for(key: tuple) -> Path:
+        digest = hashlib.sha256(repr((key, code_stamp())).encode()).hexdigest()[:20]
+        return kept_dir() / f"{digest}.json"
+
+    @classmethod
+    def find(cls, key: tuple) -> KeptHost | None:
+        record = cls.record_for(key)
+        try:
+            state = json.loads(record.read_text())
+            host = cls(record, int(state["pid"]), state.get("ticks"), str(state["socket"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        # one still importing is found too (it registers when started): never a second one
+        return host if host.alive() and (os.path.exists(host.socket_path)
+                                         or not state.get("ready")) else None
+
+    @classmethod
+    def start(cls, env: dict[str, str], key: tuple, anchor: tuple[int, int | None],
+              idle_s: float) -> KeptHost:
+        """Start one in a session of its own; it registers itself once it forks."""
+        record = cls.record_for(key)
+        record.parent.mkdir(parents=True, exist_ok=True)
+        socket_path = str(Path(tempfile.mkdtemp(prefix="day0-kept-host-")) / "host.sock")
+        keep = {"record": str(record), "anchor": list(anchor), "idle_s": idle_s}
+        proc = procs.spawn([sys.executable, "-m", "day0.stagehost", socket_path, json.dumps(keep)],
+                           env={k: v for k, v in env.items() if k not in PER_STAGE_ENV},
+                           cwd=record.parent, log=record.with_suffix(".log"))
+        host = cls(record, proc.pid, procs.start_ticks(proc.pid), socket_path)
+        host._proc = proc  # reaped here if it dies while this process waits for it
+        write_atomic(record, json.dumps({"pid": host.pid, "ticks": host.ticks,
+                                         "socket": socket_path, "ready": False}))
+        return host
+
+    def alive(self) -> bool:
+        return procs.alive(self.pid, self.ticks)
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                state = json.loads(self.record.read_text())
+                if state.get("pid") == self.pid and state.get("ready"):
+                    return
+            except (OSError, ValueError):
+                pass
+            proc = getattr(self, "_proc", None)
+            if (proc is not None and proc.poll() is not None) or not self.alive():
+                raise HostUnavailable(f"kept stage host (pid {self.pid}) exited before it was "
+                                      f"ready: see {self.record.with_suffix('.log')}")
+            time.sleep(0.05)
+        raise HostUnavailable(f"kept stage host (pid {self.pid}) not ready in "
+                              f"{START_TIMEOUT_S:g} s")
+
+
+_keep: dict | None = None  # set by keep_beside(): new hosts are kept, anchored there
+
+
+def keep_beside(anchor_pid: int, anchor_ticks: int | None, idle_s: float) -> None:
+    """From now on, a host this process needs is a kept one that leaves when the process
+    (anchor_pid, anchor_ticks) is gone or after idle_s without a stage: the kept server's."""
+    global _keep
+    _keep = {"anchor": (anchor_pid, anchor_ticks), "idle_s": float(idle_s)}
+
+
+_hosts: dict[tuple, _Host] = {}
 _hosts_lock = threading.Lock()
 MAX_HOSTS = 2  # each holds the imported stack (~1 GiB): older ones are closed
 
 
-def host_for(env: dict[str, str]) -> StageHost:
-    """The warm host for this environment, started (in the background) if there is none."""
+def host_for(env: dict[str, str]) -> _Host:
+    """The warm host for this environment: one already used here, a kept one with the same
+    key, or one started now (in the background): kept after keep_beside(), else owned."""
     key = host_key(env)
     with _hosts_lock:
         host = _hosts.get(key)
@@ -191,7 +315,10 @@ def host_for(env: dict[str, str]) -> StageHost:
         if host is None:
             while len(_hosts) >= MAX_HOSTS:
                 _hosts.pop(next(iter(_hosts))).close()
-            host = _hosts[key] = StageHost(env)
+            host = KeptHost.find(key)
+            if host is None and _keep is not None:
+                host = KeptHost.start(env, key, **_keep)
+            _hosts[key] = host = host or StageHost(env)
         else:
             _hosts[key] = _hosts.pop(key)  # most recently used last
         return host
@@ -266,8 +393,10 @@ def _status_code(status: int) -> int:
     return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
-def serve(socket_path: str) -> None:
-    """The host's loop: fork a child per request, tell its requester the pid and the exit code."""
+def serve(socket_path: str, keep: dict | None = None) -> None:
+    """The host's loop: fork a child per request, tell its requester the pid and the exit code.
+    Owned: until its owner's stdin closes. Kept (keep: record, anchor, idle_s): until idle_s
+    without a child, or its anchor process is gone; registered in `record` while it serves."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the owner decides when stages stop
     import yaml
 
@@ -285,11 +414,49 @@ def serve(socket_path: str) -> None:
     stdin_fd = sys.stdin.fileno()
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ, "listen")
-    selector.register(stdin_fd, selectors.EVENT_READ, "owner")
+    if keep is None:
+        selector.register(stdin_fd, selectors.EVENT_READ, "owner")
     waiting: dict[int, socket.socket] = {}  # child pid -> its requester's connection
     sys.stderr.write("ready\n")
     sys.stderr.flush()
+    if keep is not None:
+        record = Path(keep["record"])
+        write_atomic(record, json.dumps({"pid": os.getpid(), "ticks": procs.start_ticks(
+            os.getpid()), "socket": socket_path, "ready": True}))
+        try:
+            _serve_loop(selector, listener, stdin_fd, waiting, keep)
+        finally:
+            _unregister(record, socket_path)
+        return
+    _serve_loop(selector, listener, stdin_fd, waiting, None)
+
+
+def _unregister(record: Path, socket_path: str) -> None:
+    try:
+        if json.loads(record.read_text()).get("pid") == os.getpid():
+            record.unlink()
+    except (OSError, ValueError):
+        pass
+    Path(socket_path).unlink(missing_ok=True)
+    try:
+        os.rmdir(Path(socket_path).parent)
+    except OSError:
+        pass
+
+
+def _serve_loop(selector, listener, stdin_fd: int, waiting: dict, keep: dict | None) -> None:
+    last_busy = checked = time.monotonic()
     while True:
+        if keep is not None:
+            now = time.monotonic()
+            if waiting:
+                last_busy = now
+            elif now - last_busy > keep["idle_s"]:
+                return
+            if now - checked > 1.0:
+                checked = now
+                if not procs.alive(*keep["anchor"]):
+                    return
         for key, _ in selector.select(timeout=0.1):
             if key.data == "owner":
                 if not os.read(stdin_fd, 4096):  # the owner is gone: so are we (children too)
@@ -351,4 +518,4 @@ def _fork_for(conn: socket.socket, listener: socket.socket, stdin_fd: int) -> in
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1])
+    serve(sys.argv[1], json.loads(sys.argv[2]) if len(sys.argv) > 2 else None)

@@ -28,6 +28,22 @@ def day0_cache(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def kept_stage_host(day0_cache, tmp_path_factory):
+    """day0's kept state in a folder of the session's (never a user's kept server or hosts), and
+    one warm stage host kept for the session (day0.stagehost.KeptHost, anchored to this
+    process): the in-process flows and the `day0 validate` subprocesses with the same
+    environment all fork their stages from it, instead of each importing the stack again."""
+    from day0 import stagehost
+    from day0.stack import procs
+
+    os.environ["DAY0_SERVER_DIR"] = str(tmp_path_factory.mktemp("day0-server"))
+    if stagehost.enabled():
+        stagehost.keep_beside(os.getpid(), procs.start_ticks(os.getpid()), idle_s=1800)
+        stagehost.prewarm()
+    yield
+
+
 @pytest.fixture(scope="session")
 def perf_model(tmp_path_factory):
     """A 37 M-parameter Llama (random bf16 weights, tiny-llama's tokenizer): engine-bound

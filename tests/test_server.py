@@ -73,6 +73,14 @@ def test_validations_attach_to_the_kept_server_and_stop_ends_it(server_env, tmp_
     assert again.returncode == 0 and "already running" in again.stdout
     assert state(server_env)["api_url"] == api_url  # one server, not two
 
+    # a kept stage host beside it, registered for this environment: validations fork from it
+    hosts = Path(server_env["DAY0_SERVER_DIR"]) / "hosts"
+    deadline = time.monotonic() + 120
+    while not list(hosts.glob("*.json")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    [record] = hosts.glob("*.json")
+    host = json.loads(record.read_text())
+
     orphans = orphaned_temporary_servers()
     for n, stages in ((1, "analysis"), (2, "analysis,scan,alignment")):
         proc = day0("validate", MODELS / "tiny-llama", "--stages", stages, "--out",
@@ -84,6 +92,9 @@ def test_validations_attach_to_the_kept_server_and_stop_ends_it(server_env, tmp_
         assert flow_runs(api_url) == n  # its run is in the kept server's history
         # and no temporary server of its own (Prefect's threads read the process-wide settings)
         assert orphaned_temporary_servers() <= orphans
+        forked = [line for line in proc.stderr.splitlines() if "forked from the kept" in line]
+        assert forked and all(f"kept stage host (pid {host['pid']}," in line
+                              for line in forked), proc.stderr[-3000:]
 
     # PREFECT_API_URL wins: a user's chosen server is never replaced
     elsewhere = day0("validate", MODELS / "tiny-llama", "--stages", "analysis", "--out",
@@ -97,6 +108,10 @@ def test_validations_attach_to_the_kept_server_and_stop_ends_it(server_env, tmp_
     assert stopped.returncode == 0 and "stopped" in stopped.stdout
     assert not procs.port_open(port)
     assert day0("server", "status", env=server_env).returncode == 1
+    deadline = time.monotonic() + 30  # the host checks its anchor (the watcher) every second
+    while procs.alive(host["pid"], host["ticks"]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not procs.alive(host["pid"], host["ticks"]) and not record.exists()
 
 
 def test_an_idle_server_stops_by_itself(server_env):

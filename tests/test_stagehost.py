@@ -5,16 +5,45 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from day0 import stagehost
+from day0.stack import procs
 from day0.contract import StageInputs
 from day0.stage import StageSpec, run_stage
 from day0.targets import resolve_target
 from tests.conftest import FIXTURES, PLUGINS
 
 TINY = str(FIXTURES / "models" / "tiny-llama")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def owned_hosts(tmp_path_factory):
+    """These tests own their hosts (one module's worth): the session's kept host
+    (tests/conftest.py) is out of sight."""
+    hosts: dict = {}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DAY0_SERVER_DIR", str(tmp_path_factory.mktemp("server")))
+        patch.setattr(stagehost, "_keep", None)
+        patch.setattr(stagehost, "_hosts", hosts)
+        yield
+    for host in hosts.values():
+        host.proc.kill()
+        host.close()
+
+
+@pytest.fixture
+def kept_beside_anchor():
+    """A process the test keeps hosts beside (keep_beside) and kills; meanwhile the module's
+    owned hosts are out of sight, and afterwards hosts are owned again."""
+    anchor = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    owned, stagehost._hosts = stagehost._hosts, {}
+    yield anchor
+    anchor.kill()
+    anchor.wait()
+    stagehost._keep, stagehost._hosts = None, owned
 
 
 def alignment_with(plugin) -> StageSpec:
@@ -118,3 +147,51 @@ def test_host_leaves_with_its_owner():
         time.sleep(0.2)
     else:
         pytest.fail(f"stage host {pid} outlived its owner")
+
+
+def wait_gone(pid: int, ticks, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while procs.alive(pid, ticks) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return not procs.alive(pid, ticks)
+
+
+def test_a_kept_host_serves_other_processes_and_leaves_with_its_anchor(tmp_path,
+                                                                        kept_beside_anchor):
+    anchor = kept_beside_anchor
+    stagehost.keep_beside(anchor.pid, procs.start_ticks(anchor.pid), idle_s=600)
+    host = stagehost.host_for(dict(os.environ))
+    assert isinstance(host, stagehost.KeptHost)
+    lines = []
+    run_stage(alignment_with(printing_plugin(tmp_path, "os.getppid()")), timeout_s=300,
+              log=lines.append)
+    assert told(lines) == str(host.pid)
+    assert any(f"forked from the kept stage host (pid {host.pid}" in line for line in lines)
+    # another process with the same environment finds it (and starts none of its own)
+    other = subprocess.run(
+        [sys.executable, "-c", "import os; from day0 import stagehost\n"
+         "h = stagehost.host_for(dict(os.environ)); print(type(h).__name__, h.pid)"],
+        capture_output=True, text=True, timeout=120)
+    assert other.stdout.split() == ["KeptHost", str(host.pid)], other.stderr
+    anchor.kill()  # the server's watcher, say, stopped
+    assert wait_gone(host.pid, host.ticks, 30), "a kept host outlived its anchor"
+    assert not host.record.exists() and not os.path.exists(host.socket_path)
+    assert stagehost.KeptHost.find(stagehost.host_key(dict(os.environ))) is None
+
+
+def test_a_kept_host_leaves_when_idle_and_a_code_change_gets_a_new_one(kept_beside_anchor):
+    anchor = kept_beside_anchor
+    stagehost.keep_beside(anchor.pid, procs.start_ticks(anchor.pid), idle_s=2)
+    host = stagehost.host_for(dict(os.environ))
+    host._wait_ready()
+    key = stagehost.host_key(dict(os.environ))
+    assert stagehost.KeptHost.find(key).pid == host.pid
+    source = Path(stagehost.__file__)
+    before = source.stat()
+    os.utime(source, ns=(before.st_atime_ns, time.time_ns() + 10**10))
+    try:  # an edited day0 is not the code the host imported: it is not found any more
+        assert stagehost.KeptHost.find(key) is None
+    finally:
+        os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert wait_gone(host.pid, host.ticks, 30), "an idle kept host stayed"
+    assert not host.record.exists()

@@ -44,6 +44,30 @@ def kept_server_settings():
         refresh_global_settings_context()
 
 
+def warm_up(request: ValidateRequest) -> None:
+    """Start the warm stage host now, so that its imports overlap Prefect's (the flow would
+    start it seconds later). Beside the kept server (`day0 server`, no PREFECT_API_URL) the
+    host is a kept one: later commands with the same environment fork from it too."""
+    from day0 import stagehost
+    from day0.orchestration import server
+    from day0.targets import resolve_target
+
+    if not stagehost.enabled():
+        return
+    try:
+        if resolve_target(request.target, request.target_file).runner != "process":
+            return
+    except Exception:  # noqa: BLE001 - the flow reports a bad target; a warm-up never does
+        return
+    if not os.environ.get("PREFECT_API_URL"):
+        state = server.read_state(server.home())
+        if state is not None and server.healthy(state["api_url"]):
+            watcher = state["watcher"]
+            stagehost.keep_beside(watcher["pid"], watcher.get("ticks"),
+                                  float(state["idle_minutes"]) * 60)
+    stagehost.prewarm()
+
+
 def validate(request: ValidateRequest) -> dict:
     """Run the flow in this process (against PREFECT_API_URL, else the kept server of `day0
     server start`, else a temporary local server).

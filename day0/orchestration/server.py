@@ -25,7 +25,7 @@ from pathlib import Path
 from day0 import lifecycle
 from day0.atomic import write_atomic
 from day0.errors import ConfigError, StackError
-from day0.paths import state_home
+from day0.paths import server_home
 from day0.stack import procs
 from day0.stack.core import _get
 
@@ -39,8 +39,7 @@ BUSY_STATES = ["PENDING", "RUNNING", "CANCELLING"]
 
 
 def home(root: str | Path | None = None) -> Path:
-    root = root or os.environ.get("DAY0_SERVER_DIR")
-    return Path(root).expanduser().resolve() if root else state_home() / "server"
+    return Path(root).expanduser().resolve() if root else server_home()
 
 
 def healthy(api_url: str) -> bool:
@@ -84,6 +83,7 @@ def start(root: str | Path | None = None, *, port: int | None = None,
     root = home(root)
     if (url := attach(root)) is not None:
         out(f"day0 server: already running at {url.removesuffix('/api')} (UI and API)")
+        keep_stage_host(root)
         return url
     if port is not None and not procs.port_free(port):
         raise ConfigError(f"port {port} is taken", field="--port",
@@ -104,12 +104,27 @@ def start(root: str | Path | None = None, *, port: int | None = None,
             out(f"day0 server: Prefect UI and API at {url.removesuffix('/api')}; day0 commands "
                 f"without PREFECT_API_URL use it; it stops after {idle_minutes:g} idle minutes "
                 "or at `day0 server stop`")
+            keep_stage_host(root)
             return url
         time.sleep(0.25)
     procs.stop(watcher.pid, procs.start_ticks(watcher.pid))
     raise StackError(f"the Prefect server did not answer within {timeout_s:g} s",
                      field="day0 server", fix=f"see {root / 'prefect.log'}; a busy machine may "
                                                "need --timeout")
+
+
+def keep_stage_host(root: Path) -> None:
+    """Beside the server, a kept warm stage host for this environment (day0.stagehost), started
+    in the background: the next validations fork their stages from it. It leaves with the
+    server's watcher, or after the server's idle time without a stage."""
+    from day0 import stagehost
+
+    state = read_state(root)
+    if state is None or not stagehost.enabled() or root != home():
+        return  # validations find kept hosts under home() only
+    watcher = state["watcher"]
+    stagehost.keep_beside(watcher["pid"], watcher.get("ticks"), float(state["idle_minutes"]) * 60)
+    stagehost.host_for(dict(os.environ))
 
 
 def stop(root: str | Path | None = None, out=print) -> bool:

@@ -3,7 +3,8 @@ meta device, as JSON (for header-only analysis, which imports no torch itself).
 
 Without weights, exact parameter counts need the class (tied weights once, fused experts, the
 biases a config implies). The analysis stage runs this module in a child process
-(day0.stages.analysis.metaparams): one JSON request on stdin, ``{"config": {...}, "file": PATH,
+(day0.stages.analysis.metaparams), forked from the warm stage host when there is one (the file
+of the request as its argument) or cold (the request on stdin): ``{"config": {...}, "file": PATH,
 "trust_remote_code": false}``, one JSON document as the last line of stdout:
 
 * ``{"class": ..., "model_type": ..., "notes": [...], "parameters": [[name, [dims]], ...]}``
@@ -35,8 +36,18 @@ def describe(config: dict, *, file: str, trust_remote_code: bool = False) -> dic
             "parameters": [[name, list(p.shape)] for name, p in model.named_parameters()]}
 
 
-def main() -> int:
-    request = json.loads(sys.stdin.read())
+def main(argv: list[str] | None = None) -> int:
+    """The request from the file argv names (a child forked from the warm stage host), else
+    from stdin (``python -m``)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv:
+        from day0 import lifecycle
+
+        lifecycle.guard_stage()  # dies with its owner, as a stage child does
+        with open(argv[0], encoding="utf-8") as handle:
+            request = json.load(handle)
+    else:
+        request = json.loads(sys.stdin.read())
     try:
         doc, status = describe(request["config"], file=request["file"],
                                trust_remote_code=bool(request.get("trust_remote_code"))), 0
