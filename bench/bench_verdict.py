@@ -106,8 +106,10 @@ def main() -> int:
         print(f"SmolLM2-135M-Instruct default validate: {real['verdict']} in {real_s:.0f} s "
               f"({real_s / 60:.1f} min, {real_s / base:.0f}x import)")
         for name, stage in real["stages"].items():
+            budget = stage.get("budget") or {}
             print(f"  {name:12} {float(stage.get('seconds') or 0):7.1f} s  ok={stage.get('ok')}"
-                  f"  {stage.get('error') or ''}"[:160])
+                  f"  budget {budget.get('memory_gib', 0):.2f} GiB / {budget.get('timeout_s', 0):.0f} s"
+                  f"  {stage.get('error') or ''}"[:180])
     return 0
 
 

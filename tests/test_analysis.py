@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import shutil
 from pathlib import Path
@@ -201,6 +202,7 @@ def test_config_only_counts_come_from_a_child_process_that_never_hangs(host, mon
 
     if host == "cold":
         monkeypatch.setenv(stagehost.DISABLE_ENV, "0")
+    hosts = set(stagehost._hosts)
 
     source = CONFIGS / "Llama-3.1-8B.json"
     with pytest.raises(InputError, match="within 0.01 s") as info:
@@ -211,6 +213,9 @@ def test_config_only_counts_come_from_a_child_process_that_never_hangs(host, mon
         analyze(source)
     # exit 1 started cold (python -m), 70 forked from the warm stage host (day0.stagehost)
     assert re.search(r"exited (1|70):", str(info.value)) and "\n" not in str(info.value)
+    # warm: forked from the host of this process's own environment, no host of its own
+    assert set(stagehost._hosts) == hosts | ({stagehost.host_key(dict(os.environ))}
+                                             if host == "warm" else set())
 
 
 def test_mqa_and_tied_embeddings(tmp_path):

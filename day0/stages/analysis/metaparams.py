@@ -33,13 +33,13 @@ def meta_parameters(view, *, trust_remote_code: bool, timeout_s: float
     """((name, shape) of every parameter of the class for view.raw, the class's name)."""
     request = json.dumps({"config": view.raw, "file": view.file,
                           "trust_remote_code": trust_remote_code})
-    # the child imports this day0, wherever the parent found it
-    root = str(Path(day0.__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (root, os.environ.get("PYTHONPATH")) if p)}
-    try:
-        code, stdout, said = _hosted(request, env, timeout_s)
+    try:  # the host's key is this environment's: the host that serves this process's stages
+        code, stdout, said = _hosted(request, dict(os.environ), timeout_s)
     except stagehost.HostUnavailable:
+        # a cold child imports this day0, wherever the parent found it
+        root = str(Path(day0.__file__).resolve().parents[1])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            p for p in (root, os.environ.get("PYTHONPATH")) if p)}
         try:
             proc = subprocess.run([sys.executable, "-m", MODULE], input=request, text=True,
                                   capture_output=True, timeout=timeout_s, env=env)

@@ -79,7 +79,7 @@ def run(config: Config, inputs: StageInputs) -> Result:
 
             lm = torch_side(source, reference, batch_size=config.batch_size,
                             max_length=max_length, trust_remote_code=inputs.trust_remote_code,
-                            share_context=config.share_context)
+                            share_from=refstore.shared_from(config))
             ref_records = _evaluate(lm, names, manager, config)
             del lm
             ref_source = "computed"
@@ -173,7 +173,7 @@ def _target_model(config: Config, inputs: StageInputs, source: str, max_length: 
                                    max_gen_toks=config.max_gen_toks)
     return lmodels.torch_side(source, target, batch_size=config.batch_size,
                               max_length=max_length, trust_remote_code=inputs.trust_remote_code,
-                              share_context=config.share_context)
+                              share_from=refstore.shared_from(config))
 
 
 def _pairs(task: str, ref: list[dict], tgt: list[dict]) -> list[tuple[dict, dict]]:

@@ -29,11 +29,13 @@ class Day0LM(HFLM):
 
     model_args: pretrained (checkpoint folder), device, dtype, plugins ('|'-separated plug-in
     specs, applied in order), trust_remote_code, batch_size, max_length, share_context (score a
-    shared context once for all its continuations: day0.stages.evaluation.prefix)."""
+    shared context once for all its continuations: day0.stages.evaluation.prefix), share_from
+    (only contexts of at least this many tokens; share_context means 2)."""
 
     def __init__(self, pretrained: str, device: str = "cpu", dtype: str = "float32",
                  plugins: str = "", trust_remote_code: bool = False, batch_size: int = 8,
-                 max_length: int | None = None, share_context: bool = False, **kwargs) -> None:
+                 max_length: int | None = None, share_context: bool = False,
+                 share_from: int | None = None, **kwargs) -> None:
         model = load_pretrained(pretrained, device=device, dtype=dtype,
                                 trust_remote_code=trust_remote_code)
         specs = [p for p in str(plugins).split("|") if p]
@@ -49,11 +51,13 @@ class Day0LM(HFLM):
         self._scored_from: dict[tuple[int, ...], int] | None = None
         # a context's cache is repeated for its choices: plain attention layers only (a
         # sliding-window or recurrent layer's cache of a padded prefix is not the prefix's)
-        self._share_context = (str(share_context).lower() in ("1", "true")
-                               and prefix.plain_attention(model.config))
+        if str(share_context).lower() in ("1", "true"):
+            share_from = 2
+        share_from = int(share_from) if share_from not in (None, "", "None") else None
+        self._share_from = share_from if prefix.plain_attention(model.config) else None
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs=None):
-        if not self._share_context:
+        if self._share_from is None:
             return self._whole(requests, disable_tqdm=disable_tqdm, override_bs=override_bs)
         import torch
 
@@ -69,7 +73,8 @@ class Day0LM(HFLM):
 
         dtype = self.softmax_dtype or self.mixed_precision_dtype or self.model.dtype
         return prefix.loglikelihoods(
-            requests, max_length=self.max_length, score=score, on_answer=cached,
+            requests, max_length=self.max_length, min_context=self._share_from, score=score,
+            on_answer=cached,
             batch_tokens=int(self.batch_size) * self.max_length,
             resolution=4 * torch.finfo(dtype).eps,
             whole=lambda subset: self._whole(subset, disable_tqdm=True, override_bs=override_bs))
@@ -128,12 +133,12 @@ def scored_tail(rows: list[list[int]], scored_from: dict[tuple[int, ...], int]) 
 
 
 def torch_side(source: str, side: Target, *, batch_size: int, max_length: int,
-               trust_remote_code: bool, share_context: bool = False):
+               trust_remote_code: bool, share_from: int | None = None):
     """The lm-eval model of a torch side (reference or target), from lm-eval's registry."""
     return get_model("day0").create_from_arg_obj({
         "pretrained": source, "device": side.device, "dtype": side.dtype,
         "plugins": "|".join(side.plugins), "trust_remote_code": trust_remote_code,
-        "batch_size": batch_size, "max_length": max_length, "share_context": share_context})
+        "batch_size": batch_size, "max_length": max_length, "share_from": share_from})
 
 
 def engine_side(source: str, endpoint: Endpoint, target: Target, *, max_length: int,

@@ -38,13 +38,16 @@ def plain_attention(config) -> bool:
     return kinds == {"full_attention"} and not windowed
 
 
-def shared_groups(requests: list[Request], max_length: int) -> tuple[list[list[int]], list[int]]:
+def shared_groups(requests: list[Request], max_length: int, min_context: int = 2
+                  ) -> tuple[list[list[int]], list[int]]:
     """Indices of requests grouped by identical context (groups of 2+ that fit the model's
-    window whole and have a context of at least 2 tokens), and the indices of the rest."""
+    window whole and have a context of at least min_context, and 2, tokens), and the indices of
+    the rest."""
     by_context: dict[tuple[int, ...], list[int]] = defaultdict(list)
     rest: list[int] = []
     for index, (_, context, continuation) in enumerate(requests):
-        if len(context) >= 2 and len(context) + len(continuation) <= max_length + 1:
+        if len(context) >= max(2, min_context) and \
+                len(context) + len(continuation) <= max_length + 1:
             by_context[tuple(context)].append(index)
         else:  # lm-eval truncates it from the left, or there is nothing to share: its own path
             rest.append(index)
@@ -139,13 +142,15 @@ def agrees(shared: list[Answer], whole: list[Answer], resolution: float) -> floa
 
 
 def loglikelihoods(requests: list[Request], *, max_length: int, batch_tokens: int,
+                   min_context: int = 2,
                    score: Callable[[list[list[int]], list[list[list[int]]]], list[list[Answer]]],
                    whole: Callable[[list[Request]], list[Answer]],
                    on_answer: Callable[[Request, Answer], None], resolution: float,
                    log: Callable[[str], None] = print) -> list[Answer]:
-    """Every request's answer in request order: shared groups through `score` (batches of
-    groups), the rest, and everything when the self-check fails, through `whole` (lm-eval's)."""
-    groups, rest = shared_groups(requests, max_length)
+    """Every request's answer in request order: shared groups (contexts of min_context tokens
+    or more) through `score` (batches of groups), the rest, and everything when the self-check
+    fails, through `whole` (lm-eval's)."""
+    groups, rest = shared_groups(requests, max_length, min_context)
     answers: list[Answer | None] = [None] * len(requests)
     answered_whole: set[int] = set()  # lm-eval's own path already cached these
     for batch in batches(groups, requests, batch_tokens):

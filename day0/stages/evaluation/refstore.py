@@ -29,8 +29,15 @@ def key(*, weights: str, tasks: list, reference: Target, config: Config, lm_eval
              "num_fewshot": config.num_fewshot, "limit": config.limit, "seed": config.seed,
              "long_context": [config.long_context_items, long_context_tokens],
              "max_gen_toks": config.max_gen_toks, "batch_size": config.batch_size,
-             "share_context": config.share_context}
+             "share_context": config.share_context,
+             "share_from": shared_from(config)}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def shared_from(config: Config) -> int | None:
+    """The shortest context that runs once per item (day0.stages.evaluation.prefix); None:
+    every request runs whole."""
+    return 2 if config.share_context else config.share_context_from_tokens
 
 
 def location(config: Config, source: str, revision: str | None, reference: Target,

@@ -157,3 +157,31 @@ def test_batches_hold_the_whole_paths_token_budget():
         width = max(len(requests[g[0]][1]) for g in batch)
         longest = max(len(requests[i][2]) for g in batch for i in g)
         assert len(batch) == 1 or rows * (width + longest) <= 256
+
+
+def test_only_long_contexts_are_shared_by_default():
+    """share_context off: contexts of share_context_from_tokens or more still run once per item
+    (a long document repeated per choice), shorter ones whole; null turns sharing off."""
+    from day0.stages.evaluation.config import Config
+    from day0.stages.evaluation.prefix import shared_groups
+    from day0.stages.evaluation.refstore import shared_from
+
+    requests = _choice_requests(4, 512, items=40)
+    groups, rest = shared_groups(requests, max_length=64, min_context=30)
+    assert groups and all(len(requests[g[0]][1]) >= 30 for g in groups)
+    assert any(2 <= len(requests[i][1]) < 30 for i in rest)
+    assert sorted([i for g in groups for i in g] + rest) == list(range(len(requests)))
+    assert shared_from(Config()) == 512
+    assert shared_from(Config(share_context=True)) == 2
+    assert shared_from(Config(share_context_from_tokens=None)) is None
+
+
+def test_long_contexts_shared_answer_like_whole_sequences():
+    lm = Day0LM(pretrained=str(MODELS / "tiny-llama"), device="cpu", dtype="float32",
+                batch_size=4, max_length=64, share_from=30)
+    assert lm._share_from == 30
+    requests = _choice_requests(5, lm.model.config.vocab_size)
+    shared = lm._loglikelihood_tokens(requests, disable_tqdm=True)
+    whole = lm._whole(requests, disable_tqdm=True)
+    assert [g for _, g in shared] == [g for _, g in whole]
+    assert [ll for ll, _ in shared] == pytest.approx([ll for ll, _ in whole], rel=1e-5, abs=1e-5)
