@@ -16,6 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from day0 import lifecycle
 from day0.targets import REFERENCE, Target
 from day0.yamlio import load_model, read_mapping
 
@@ -91,6 +92,16 @@ class StageBudget(BaseModel):
                     f"({self.timeout_basis}) and was killed")
         return (f"stage {stage} exceeded its time budget of {self.timeout_s:g} s "
                 f"{self.timeout_basis}; set timeout_s in the target file to raise it")
+
+
+def stage_memory_bytes() -> int | None:
+    """The memory budget of the stage this process runs (its runner says so in MEMORY_ENV), for
+    a stage that sizes its work to it; None outside a stage runner or when unreadable."""
+    try:
+        gib = float(os.environ.get(lifecycle.MEMORY_ENV, ""))
+    except ValueError:
+        return None
+    return int(gib * 2**30) if gib > 0 else None
 
 
 def load_factors(path: str | None = None) -> BudgetFactors:

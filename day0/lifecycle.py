@@ -26,6 +26,7 @@ from pathlib import Path
 
 OWNER_ENV = "DAY0_STAGE_OWNER"      # "<pid>-<start>" of the owner, set by run_stage
 SCRATCH_ENV = "DAY0_STAGE_SCRATCH"  # the stage's scratch folder, removed if the owner dies
+MEMORY_ENV = "DAY0_STAGE_MEMORY_GIB"  # the stage's memory budget (day0.budget.stage_memory_bytes)
 SCRATCH_RE = re.compile(r"^day0-[a-z0-9_]+-(?P<pid>[0-9]+)-(?P<start>[0-9]+)-[a-z0-9_]+$")
 POLL_S = 0.2
 PR_SET_PDEATHSIG = 1

@@ -56,8 +56,31 @@ def available_bytes() -> float | None:
     return available
 
 
+_earlier_peak = 0  # the highest VmHWM before the last reset (stage_peak_rss_bytes keeps it)
+
+
+def stage_peak_rss_bytes() -> int:
+    """Peak resident memory of this process over its whole life (or since forget_peak_rss),
+    whatever resets measured peaks of phases in between."""
+    return max(_earlier_peak, peak_rss_bytes())
+
+
+def forget_peak_rss() -> bool:
+    """A forked child's fresh start: neither the parent's peak nor its earlier ones count."""
+    global _earlier_peak
+    _earlier_peak = 0
+    return _clear_peak()
+
+
 def reset_peak_rss() -> bool:
-    """Start a new peak (Linux: VmHWM is reset to the current RSS); False where unsupported."""
+    """Start a new peak (Linux: VmHWM is reset to the current RSS); False where unsupported.
+    The process's own peak is kept (stage_peak_rss_bytes)."""
+    global _earlier_peak
+    _earlier_peak = max(_earlier_peak, peak_rss_bytes())
+    return _clear_peak()
+
+
+def _clear_peak() -> bool:
     try:
         with open("/proc/self/clear_refs", "w") as fh:
             fh.write("5")

@@ -37,6 +37,8 @@ class StageSummary(BaseModel):
     ran_in: str = Field("", description="process, docker:IMAGE:CONTAINER or deployment:NAME:RUN_ID.")
     budget: StageBudget | None = Field(None, description=(
         "Memory and time the stage was allowed, and where each came from (day0.budget)."))
+    peak_rss_gib: float | None = Field(None, description=(
+        "The stage process's own peak resident memory, GiB (None where unknown)."))
 
 
 class Report(BaseModel):
@@ -97,7 +99,7 @@ def build(*, source: str, target: Target, reference: Target, outcomes: dict[str,
         identity=dict(identity or {}), model=dict(facts or {}),
         stages={name: StageSummary(ok=o.ok, cached=o.cached, seconds=round(o.seconds, 3),
                                    failure=o.failure, error=o.error, ran_in=o.ran_in,
-                                   budget=o.budget)
+                                   budget=o.budget, peak_rss_gib=o.peak_rss_gib)
                 for name, o in outcomes.items()},
         metrics=metrics, evidence=evidence,
         errors=[f"stage {name}: {o.error}" for name, o in outcomes.items() if not o.ok],

@@ -28,7 +28,7 @@ from day0.budget import StageBudget, for_spec
 from day0.contract import StageInputs
 from day0 import stages
 from day0.errors import ConfigError, Day0Error, TargetFault
-from day0.memory import group_rss_bytes, rss_bytes
+from day0.memory import group_rss_bytes, rss_bytes, stage_peak_rss_bytes
 
 # "target": the stage ran but the target itself failed (TargetFault: its forward raised): a
 # finding, FAIL. "error" (StageError or a bug), "crash", "timeout", "oom", "image" (missing, or
@@ -72,6 +72,9 @@ class StageOutcome(BaseModel):
         "Where it ran: 'process', 'docker:IMAGE:CONTAINER', 'deployment:NAME:FLOW_RUN_ID'."))
     budget: StageBudget | None = Field(None, description=(
         "The memory and time the stage was allowed and where they came from (day0.budget)."))
+    peak_rss_gib: float | None = Field(None, description=(
+        "The stage process's own peak resident memory (VmHWM since it started, or was forked), "
+        "GiB; None where unknown (a crash, a container)."))
     cache_key: str | None = Field(None, description=(
         "The stage's cache key (day0.cache): what a stage that requires this one is keyed by."))
 
@@ -126,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         outcome = execute(spec)
     finally:
         progress.stop()
+    outcome.peak_rss_gib = round(stage_peak_rss_bytes() / 2**30, 4)
     write_atomic(argv[1], outcome.model_dump_json())  # a half-written result is never read
     return 0 if outcome.ok else (outcome.exit_code or 1)
 
@@ -165,7 +169,8 @@ def run_stage(spec: StageSpec, *, timeout_s: float | None = None,
         spec_file.write_text(spec.model_dump_json())
         child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}),
                      lifecycle.OWNER_ENV: lifecycle.owner_token(),
-                     lifecycle.SCRATCH_ENV: str(scratch)}
+                     lifecycle.SCRATCH_ENV: str(scratch),
+                     lifecycle.MEMORY_ENV: f"{budget.memory_gib:.6g}"}  # a stage may fit its work to it
         proc = _start_child([str(spec_file), str(result_file)], child_env, log)
 
         _RUNNING.add(proc.pid)

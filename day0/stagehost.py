@@ -56,7 +56,7 @@ IMPORT_TIME_ENV = ("OMP_", "MKL_", "KMP_", "OPENBLAS_", "GOTO", "TORCH", "PYTORC
                    "NVIDIA", "HF_", "HUGGINGFACE", "TRANSFORMERS", "TOKENIZERS", "DATASETS",
                    "LD_", "PYTHON", "MALLOC", "DAY0_STAGE_HOST")
 # one stage's own settings (its owner, its scratch folder): a child gets them, the host does not
-PER_STAGE_ENV = (lifecycle.OWNER_ENV, lifecycle.SCRATCH_ENV)
+PER_STAGE_ENV = (lifecycle.OWNER_ENV, lifecycle.SCRATCH_ENV, lifecycle.MEMORY_ENV)
 DISABLE_ENV = "DAY0_STAGE_HOST"  # "0": every stage starts cold, as `python -m day0.stage`
 START_TIMEOUT_S = 300.0
 
@@ -357,6 +357,7 @@ def _child(request: dict, out_fd: int, listener: socket.socket, stdin_fd: int) -
         os.close(devnull)
         os.environ.clear()
         os.environ.update(request["env"])
+        tempfile.tempdir = None  # re-read TMPDIR: the host's may have been cached at import
         os.chdir(request["cwd"])
         extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
         sys.path[:] = [request["cwd"]] + [p for p in extra if p not in sys.path] + sys.path[1:]
@@ -365,7 +366,7 @@ def _child(request: dict, out_fd: int, listener: socket.socket, stdin_fd: int) -
         sys.stdout.reconfigure(line_buffering=True, write_through=True)
         sys.stderr.reconfigure(line_buffering=True, write_through=True)
         from day0 import memory
-        memory.reset_peak_rss()  # the peak is the stage's own, not the host's
+        memory.forget_peak_rss()  # the peak is the stage's own, not the host's
         # By name, as `python -m` would: the host knows no stage code (and imports none upward).
         entry = getattr(importlib.import_module(module_name), function_name or "main")
         try:

@@ -108,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     started = time.monotonic()
+    from day0 import stagehost
+
+    stagehost.prewarm()  # the stage host's imports overlap the server's start
     server = None
     if not os.environ.get("PREFECT_API_URL"):
         server = Server(cache_dir() / "demo-prefect")

@@ -69,15 +69,18 @@ def test_stages_are_forked_from_one_warm_host_with_the_callers_environment(tmp_p
                                                                           monkeypatch):
     monkeypatch.setenv("DAY0_TEST_MARK", "first")
     plugin = printing_plugin(tmp_path, "os.getppid(), os.environ.get('DAY0_TEST_MARK'), "
-                                       "os.getpgrp() == os.getpid()")
+                                       "os.getpgrp() == os.getpid(), "
+                                       "__import__('tempfile').gettempdir()")
     first, second = [], []
     run_stage(alignment_with(plugin), timeout_s=300, log=first.append)
     host = stagehost.host_for(dict(os.environ))
-    assert told(first) == f"{host.proc.pid} first True"
-    # a per-call variable (read after import) reaches the child without a new host
+    assert told(first).startswith(f"{host.proc.pid} first True ")
+    # a per-call variable (read after import) reaches the child without a new host, TMPDIR
+    # too (tempfile caches the one it saw first: the host's)
     monkeypatch.setenv("DAY0_TEST_MARK", "second")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
     outcome = run_stage(alignment_with(plugin), timeout_s=300, log=second.append)
-    assert told(second) == f"{host.proc.pid} second True"
+    assert told(second) == f"{host.proc.pid} second True {tmp_path}"
     assert stagehost.host_for(dict(os.environ)) is host
     assert outcome.failure == "crash" and "exit code 3" in outcome.error
 

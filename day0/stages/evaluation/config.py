@@ -45,6 +45,10 @@ class Config(BaseModel):
         "SmolLM2-135M the long-context retrieval task is 71 % of the bundled tasks' 413k "
         "tokens, 25 % of that once shared. Shorter contexts (the other tasks; every context of "
         "a model trained on 256 tokens) keep lm-eval's whole-sequence forward."))
+    fit_to_budget: bool = Field(True, description=(
+        "In process: a batch whose rows do not fit what the stage's memory budget leaves runs "
+        "in smaller chunks of rows, their cost measured as they run (fit.py), instead of the "
+        "stage being killed; false: every batch in one forward."))
     batch_tokens: int = Field(16384, ge=256, description=(
         "Padded tokens per forward that the default batch size aims at (memory: a batch's "
         "attention and logits grow with it)."))

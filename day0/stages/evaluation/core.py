@@ -79,7 +79,8 @@ def run(config: Config, inputs: StageInputs) -> Result:
 
             lm = torch_side(source, reference, batch_size=config.batch_size,
                             max_length=max_length, trust_remote_code=inputs.trust_remote_code,
-                            share_from=refstore.shared_from(config))
+                            share_from=refstore.shared_from(config),
+                            fit_to_budget=config.fit_to_budget)
             ref_records = _evaluate(lm, names, manager, config)
             del lm
             ref_source = "computed"
@@ -173,7 +174,8 @@ def _target_model(config: Config, inputs: StageInputs, source: str, max_length: 
                                    max_gen_toks=config.max_gen_toks)
     return lmodels.torch_side(source, target, batch_size=config.batch_size,
                               max_length=max_length, trust_remote_code=inputs.trust_remote_code,
-                              share_from=refstore.shared_from(config))
+                              share_from=refstore.shared_from(config),
+                              fit_to_budget=config.fit_to_budget)
 
 
 def _pairs(task: str, ref: list[dict], tgt: list[dict]) -> list[tuple[dict, dict]]:

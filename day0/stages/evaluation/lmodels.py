@@ -15,10 +15,12 @@ import os
 from lm_eval.api.registry import get_model, register_model
 from lm_eval.models.huggingface import HFLM
 
+from day0.budget import stage_memory_bytes
 from day0.engines.settings import Endpoint
 from day0.modeling import load_pretrained
 from day0.plugins import apply_plugins
 from day0.stages.evaluation import prefix
+from day0.stages.evaluation.fit import RowFitter
 from day0.targets import Target
 from day0.torchkit.evaltext import load_tokenizer
 
@@ -30,12 +32,14 @@ class Day0LM(HFLM):
     model_args: pretrained (checkpoint folder), device, dtype, plugins ('|'-separated plug-in
     specs, applied in order), trust_remote_code, batch_size, max_length, share_context (score a
     shared context once for all its continuations: day0.stages.evaluation.prefix), share_from
-    (only contexts of at least this many tokens; share_context means 2)."""
+    (only contexts of at least this many tokens; share_context means 2), fit_to_budget (a batch
+    runs in chunks of rows that fit the stage's memory budget: day0.stages.evaluation.fit)."""
 
     def __init__(self, pretrained: str, device: str = "cpu", dtype: str = "float32",
                  plugins: str = "", trust_remote_code: bool = False, batch_size: int = 8,
                  max_length: int | None = None, share_context: bool = False,
-                 share_from: int | None = None, **kwargs) -> None:
+                 share_from: int | None = None, fit_to_budget: bool = True,
+                 **kwargs) -> None:
         model = load_pretrained(pretrained, device=device, dtype=dtype,
                                 trust_remote_code=trust_remote_code)
         specs = [p for p in str(plugins).split("|") if p]
@@ -55,6 +59,8 @@ class Day0LM(HFLM):
             share_from = 2
         share_from = int(share_from) if share_from not in (None, "", "None") else None
         self._share_from = share_from if prefix.plain_attention(model.config) else None
+        fit = str(fit_to_budget).lower() not in ("0", "false")
+        self._fitter = RowFitter(stage_memory_bytes() if fit else None)
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs=None):
         if self._share_from is None:
@@ -97,10 +103,22 @@ class Day0LM(HFLM):
             self._scored_from = None
 
     def _model_call(self, inps, attn_mask=None, labels=None):
-        keep = (scored_tail(inps.tolist(), self._scored_from)
-                if self._keeps_tail and self._scored_from and attn_mask is None else None)
-        if keep is None:
+        if attn_mask is not None or labels is not None:  # a seq2seq model: lm-eval's own call
             return super()._model_call(inps, attn_mask=attn_mask, labels=labels)
+        keep = (scored_tail(inps.tolist(), self._scored_from)
+                if self._keeps_tail and self._scored_from else None)
+        # the batch's rows in chunks that fit the stage's memory budget (one chunk when they do)
+        parts = self._fitter.run(inps.shape[0], inps.shape[1],
+                                 lambda start, stop: self._forward(inps[start:stop], keep))
+        if len(parts) == 1:
+            return parts[0]
+        import torch
+
+        return torch.cat(parts, dim=0)
+
+    def _forward(self, inps, keep: int | None):
+        if keep is None:
+            return super()._model_call(inps)
         import torch
 
         # lm-eval slices each row by the logits' length (its virtual-token offset): the tail is
@@ -133,12 +151,14 @@ def scored_tail(rows: list[list[int]], scored_from: dict[tuple[int, ...], int]) 
 
 
 def torch_side(source: str, side: Target, *, batch_size: int, max_length: int,
-               trust_remote_code: bool, share_from: int | None = None):
+               trust_remote_code: bool, share_from: int | None = None,
+               fit_to_budget: bool = True):
     """The lm-eval model of a torch side (reference or target), from lm-eval's registry."""
     return get_model("day0").create_from_arg_obj({
         "pretrained": source, "device": side.device, "dtype": side.dtype,
         "plugins": "|".join(side.plugins), "trust_remote_code": trust_remote_code,
-        "batch_size": batch_size, "max_length": max_length, "share_from": share_from})
+        "batch_size": batch_size, "max_length": max_length, "share_from": share_from,
+        "fit_to_budget": fit_to_budget})
 
 
 def engine_side(source: str, endpoint: Endpoint, target: Target, *, max_length: int,
