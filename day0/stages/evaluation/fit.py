@@ -4,10 +4,13 @@ lm-eval hands the model a batch of rows (its batch size, chosen from batch_token
 memory is known). The stage's runner kills it when its resident memory passes its budget
 (day0.budget), so a batch that does not fit must run in smaller chunks of rows. How much a row
 costs depends on the model, the dtype, the attention kernel and the allocator; it is measured:
-the first chunk is one row, and each chunk's peak (VmHWM, reset before it) over the memory it
-started from gives the cost per token. The next chunk holds as many rows as fit in HEADROOM of
-the budget at the worst cost seen. With room to spare (the default budgets) a batch runs whole
-after its first row; the rows' answers do not depend on how they were chunked, to rounding.
+each chunk's peak (VmHWM, reset before it) over the memory it started from gives the cost per
+token, and the next chunk holds as many rows as fit in HEADROOM of the budget at the worst cost
+seen. Before anything is measured, a batch runs whole when a generous prior (activations of a
+few hidden and intermediate vectors per token in float32) leaves half the room unused, as with
+the default budgets: the same forwards, and the same numbers, as without fitting; else its first
+chunk is one row. A bf16 forward's numbers depend on the shapes it runs at (to its rounding),
+so chunked rows can differ from rows run whole in their last bits.
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ Part = TypeVar("Part")
 class RowFitter:
     """Runs a forward of `rows` rows of `width` tokens in chunks that fit `budget_bytes`."""
 
-    def __init__(self, budget_bytes: int | None):
+    def __init__(self, budget_bytes: int | None, prior_per_token: float = 0.0):
         self.budget = budget_bytes
+        self.prior = prior_per_token  # bytes per row-token assumed before any measurement
         self.per_token: float | None = None  # the worst bytes per row-token seen
         self.chunks = 0  # forwards run (a batch that fits is one chunk after the first)
 
@@ -34,9 +38,9 @@ class RowFitter:
         return self.budget is not None
 
     def rows_fitting(self, width: int, left: int) -> int:
-        if self.per_token is None:
-            return 1  # nothing measured yet: one row measures the cost
         room = self.budget * HEADROOM - rss_bytes(os.getpid())
+        if self.per_token is None:  # nothing measured yet: whole when the prior says so
+            return left if self.prior and self.prior * width * left <= room / 2 else 1
         return max(1, min(left, int(room // max(self.per_token * width, 1.0))))
 
     def run(self, rows: int, width: int, forward: Callable[[int, int], Part]) -> list[Part]:
@@ -58,4 +62,12 @@ class RowFitter:
         return parts
 
 
-__all__ = ["RowFitter", "HEADROOM"]
+def prior_per_token(config) -> float:
+    """Generous bytes per row-token of a decoder forward: float32 copies of a few hidden-size
+    and intermediate-size vectors (the transients of one layer, attention and MLP)."""
+    hidden = int(getattr(config, "hidden_size", 0) or 0)
+    inner = int(getattr(config, "intermediate_size", 0) or 4 * hidden)
+    return 4.0 * 2 * (4 * hidden + 2 * inner)
+
+
+__all__ = ["RowFitter", "HEADROOM", "prior_per_token"]

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Callable
 
-SELF_CHECK_NATS = 1e-3  # plus the rounding of the answer's dtype (bf16 sums round to ~0.4 %)
+SELF_CHECK_NATS = 1e-3  # plus the caller's relative resolution of its dtype (lmodels: 16 eps)
 
 Request = tuple  # lm-eval's ((context, continuation) strings or None, context ids, continuation ids)
 Answer = tuple[float, bool]

@@ -25,9 +25,9 @@ def evaluate(model, *, batch_size: int, fit: bool, memory_gib: float):
     return run_stage(spec, timeout_s=900, memory_limit_gib=memory_gib)
 
 
-def answers(outcome) -> list:
+def answers(outcome, side: str) -> list:
     rows = outcome.result["items"]["day0_long_context"]
-    return [(r["doc_id"], r["reference"]["correct"], r["target"]["correct"]) for r in rows]
+    return [(r["doc_id"], r[side]["prediction"]) for r in rows]
 
 
 def test_the_stage_fits_its_rows_to_a_budget_that_would_kill_its_batch(perf_model):
@@ -41,13 +41,14 @@ def test_the_stage_fits_its_rows_to_a_budget_that_would_kill_its_batch(perf_mode
     fitted = evaluate(perf_model, batch_size=4 * ITEMS, fit=True, memory_gib=budget)
     assert fitted.ok, fitted.error
     assert fitted.peak_rss_gib <= budget, (fitted.peak_rss_gib, budget)
-    assert answers(fitted) == answers(one_row)
-    # accuracies exactly; the bf16 target's mean gold log-probability to its rounding (a
-    # random model's choices are near-ties: chunks padded to the batch's longest row round
-    # differently from rows run alone)
-    for name, value in one_row.metrics.items():
-        tolerance = 0.05 if name.endswith("gold_logprob") else 1e-9
-        assert fitted.metrics[name] == pytest.approx(value, abs=tolerance), name
+    # the float32 reference answers every item alike; the bf16 target nearly (a random model's
+    # choices are near-ties, and chunks padded to the batch's longest row round differently
+    # from rows run alone)
+    assert answers(fitted, "reference") == answers(one_row, "reference")
+    same = sum(a == b for a, b in zip(answers(fitted, "target"), answers(one_row, "target")))
+    assert same >= 0.9 * ITEMS, same
+    ref = {k: v for k, v in one_row.metrics.items() if k.endswith(("acc_reference", "items"))}
+    assert {k: fitted.metrics[k] for k in ref} == ref
 
 
 def test_the_fitter_measures_a_row_then_runs_what_fits(monkeypatch):
@@ -72,3 +73,8 @@ def test_the_fitter_measures_a_row_then_runs_what_fits(monkeypatch):
     assert [x for part in parts for x in part] == list(range(20))
     assert len(parts[0]) == 1 and 1 <= max(map(len, parts)) <= 6, list(map(len, parts))
     assert fitter.per_token >= 0.9 * row_bytes
+    # a prior that leaves half the room unused runs the batch whole, unmeasured
+    roomy = fit.RowFitter(int((rss_bytes(os.getpid()) + 100 * row_bytes) / fit.HEADROOM),
+                          prior_per_token=row_bytes)
+    assert [len(part) for part in roomy.run(20, 1, forward)] == [20]
+    assert [len(part) for part in roomy.run(20, 1, forward)][0] > 1  # measured: still roomy
