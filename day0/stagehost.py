@@ -232,6 +232,7 @@ class KeptHost(_Host):
 
     def __init__(self, record: Path, pid: int, ticks: int | None, socket_path: str):
         self.record, self.pid, self.ticks, self.socket_path = record, pid, ticks, socket_path
+        self._proc: subprocess.Popen | None = None  # set when this process started it
 
     @staticmethod
     def record_for(key: tuple) -> Path:
@@ -279,8 +280,7 @@ class KeptHost(_Host):
                     return
             except (OSError, ValueError):
                 pass
-            proc = getattr(self, "_proc", None)
-            if (proc is not None and proc.poll() is not None) or not self.alive():
+            if (self._proc is not None and self._proc.poll() is not None) or not self.alive():
                 raise HostUnavailable(f"kept stage host (pid {self.pid}) exited before it was "
                                       f"ready: see {self.record.with_suffix('.log')}")
             time.sleep(0.05)

@@ -62,9 +62,7 @@ def warm_up(request: ValidateRequest) -> None:
     if not os.environ.get("PREFECT_API_URL"):
         state = server.read_state(server.home())
         if state is not None and server.healthy(state["api_url"]):
-            watcher = state["watcher"]
-            stagehost.keep_beside(watcher["pid"], watcher.get("ticks"),
-                                  float(state["idle_minutes"]) * 60)
+            server.keep_hosts_beside(state)
     stagehost.prewarm()
 
 

@@ -122,9 +122,17 @@ def keep_stage_host(root: Path) -> None:
     state = read_state(root)
     if state is None or not stagehost.enabled() or root != home():
         return  # validations find kept hosts under home() only
+    keep_hosts_beside(state)
+    stagehost.host_for(dict(os.environ))
+
+
+def keep_hosts_beside(state: dict) -> None:
+    """Stage hosts this process starts from now on are kept, anchored to the server's watcher
+    (state: read_state's) and idle as long as the server may be."""
+    from day0 import stagehost
+
     watcher = state["watcher"]
     stagehost.keep_beside(watcher["pid"], watcher.get("ticks"), float(state["idle_minutes"]) * 60)
-    stagehost.host_for(dict(os.environ))
 
 
 def stop(root: str | Path | None = None, out=print) -> bool:
