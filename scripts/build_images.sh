@@ -5,7 +5,10 @@
 #      ${XDG_CACHE_HOME:-~/.cache}/day0/docker/ so a wiped engine re-imports instead of re-bootstrapping.
 #   2. build/wheelhouse/ - wheels of day0's dependencies (CPU torch 2.13.0 only), resolved by pip
 #      inside the base image (its Python decides environment markers), with the host's pip cache and
-#      find-links mounted. Skipped while the dependencies and the base image are unchanged.
+#      find-links mounted. Skipped while the dependencies and the base image are unchanged; a
+#      clean clone takes this machine's last resolved set for the same key from
+#      ${XDG_CACHE_HOME:-~/.cache}/day0/docker/wheelhouse-<key>/ (the same bytes: the image's
+#      dependency layer stays in Docker's cache instead of reinstalling 440 MB of wheels).
 #   3. day0:local - `docker build` of the project Dockerfile from the wheelhouse (no index).
 # Needs a running engine: scripts/docker_engine.sh (`make docker-engine`).
 #
@@ -88,9 +91,19 @@ base_id=$(docker image inspect --format '{{.Id}}' "$BASE")
 deps=$(python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"])')
 stamp_key=$( { echo "$deps"; echo "$TORCH_PIN $base_id"; } | sha256sum | cut -c1-16)
 stamp=build/wheelhouse.stamp
+kept="$CACHE/wheelhouse-$stamp_key"  # this machine's resolved set for the key (any clone)
 if [ "${FORCE_WHEELHOUSE:-0}" != 1 ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$stamp_key" ] \
    && ls "$WHEELS"/torch-*.whl >/dev/null 2>&1; then
   log "wheelhouse up to date ($(ls "$WHEELS"/*.whl | wc -l) wheels)"
+elif [ "${FORCE_WHEELHOUSE:-0}" != 1 ] && [ -f "$kept/.complete" ]; then
+  # Re-resolving would pick newer releases of unpinned dependencies and rebuild sdists (new
+  # bytes): Docker's dependency layer would be rebuilt on every clean clone.
+  log "wheelhouse: this machine's set for these dependencies ($kept)"
+  mkdir -p "$WHEELS"
+  find "$WHEELS" -maxdepth 1 -name '*.whl' -delete
+  cp -l "$kept"/*.whl "$WHEELS"/ 2>/dev/null || cp "$kept"/*.whl "$WHEELS"/
+  echo "$stamp_key" > "$stamp"
+  echo "$(ls "$WHEELS"/*.whl | wc -l) wheels, $(du -sh "$WHEELS" | cut -f1)"
 else
   log "wheelhouse: resolving day0's dependencies for the base image's Python"
   [ -x "$VENV/bin/python" ] || die "$VENV missing; run make install first"
@@ -137,6 +150,9 @@ EOF
   rm -rf "$new"; trap - EXIT
   echo "$stamp_key" > "$stamp"
   echo "$(ls "$WHEELS"/*.whl | wc -l) wheels, $(du -sh "$WHEELS" | cut -f1)"
+  # kept for the next clone of this machine; only the latest key (440 MB each)
+  rm -rf "$CACHE"/wheelhouse-*
+  mkdir -p "$kept" && cp "$WHEELS"/*.whl "$kept"/ && touch "$kept/.complete"
 fi
 step_end "wheelhouse (build/wheelhouse)"
 

@@ -42,7 +42,17 @@ def _prompt(filler: list[str], facts: list[str], depths: list[float], key: str) 
 def _fit(tokenizer, sents: list[str], start: int, facts: list[str], depths: list[float],
          key: str, answer: str, budget: int) -> tuple[str, int]:
     """Longest prompt (filler words from start on) whose prompt + answer fits budget."""
-    lo, hi, best = 0, len(sents), None
+
+    def fits(words: int) -> bool:
+        filler = [sents[(start + i) % len(sents)] for i in range(words)]
+        return _count(tokenizer, _prompt(filler, facts, depths, key) + " " + answer) <= budget
+
+    # the search's upper end doubles from the budget while it still fits: the same answer as
+    # searching all the filler's words, without tokenizing prompts many times the budget
+    hi = min(len(sents), max(budget, 1))
+    while hi < len(sents) and fits(hi):
+        hi = min(len(sents), 2 * hi)
+    lo, best = 0, None
     while lo <= hi:  # binary search on the number of filler words
         mid = (lo + hi) // 2
         filler = [sents[(start + i) % len(sents)] for i in range(mid)]

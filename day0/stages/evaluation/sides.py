@@ -13,11 +13,32 @@ def evaluate(lm, task_names: list[str], manager, config: Config) -> dict:
     """lm-eval's simple_evaluate with per-item samples, the same seeds on every side."""
     from lm_eval import simple_evaluate
 
+    _compile_templates_once()
     return simple_evaluate(
         model=lm, tasks=task_names, task_manager=manager, num_fewshot=config.num_fewshot,
         limit=config.limit, log_samples=True, bootstrap_iters=0, cache_requests=False,
         random_seed=config.seed, numpy_random_seed=config.seed, torch_random_seed=config.seed,
         fewshot_random_seed=config.seed, verbosity="WARNING")
+
+
+def _compile_templates_once() -> None:
+    """lm-eval compiles a task's Jinja template again for every document and field
+    (utils.apply_template: Environment.from_string, ~0.35 ms each, 4,300 times a side for the
+    bundled tasks, a third of a small model's evaluation): the same environment, each template
+    string compiled once. Rendering, and so every prompt, is unchanged."""
+    from functools import lru_cache
+
+    from lm_eval import utils
+
+    if getattr(utils.apply_template, "day0_compiled_once", False):
+        return
+    compiled = lru_cache(maxsize=1024)(utils.env.from_string)
+
+    def apply_template(template: str, doc: dict) -> str:
+        return compiled(template).render(**doc)
+
+    apply_template.day0_compiled_once = True
+    utils.apply_template = apply_template
 
 
 def _logsumexp(values: list[float]) -> float:

@@ -100,3 +100,41 @@ def test_long_context_bigger_context(tokenizer):
               for it in items]
     assert max(totals) <= 2048
     assert 0.2 * 2048 <= totals[0] <= 0.3 * 2048 and totals[-1] >= 0.9 * 2048
+
+
+@pytest.mark.parametrize("budget", [60, 90, 200, 700])
+def test_long_context_prompt_is_the_longest_that_fits(tokenizer, budget):
+    """The search's upper end starts at the budget and doubles: the prompt is still the longest
+    of all the filler's words that fits, checked against every length."""
+    from day0.stages.evaluation import long_context as lc
+
+    sents = lc._words(lc.FILLER.read_text(encoding="utf-8"))[:400]
+    facts, depths = [lc._fact("alpha", "1234"), lc._fact("beta", "5678")], [0.3, 0.7]
+    prompt, tokens = lc._fit(tokenizer, sents, 17, facts, depths, "alpha", "1234", budget)
+
+    def prompt_of(words):
+        return lc._prompt([sents[(17 + i) % len(sents)] for i in range(words)], facts, depths,
+                          "alpha")
+
+    fitting = [w for w in range(len(sents) + 1)
+               if _count(tokenizer, prompt_of(w) + " 1234") <= budget]
+    assert prompt == prompt_of(max(fitting)) and tokens == _count(tokenizer, prompt)
+
+
+def test_task_templates_are_compiled_once_and_render_the_same():
+    from lm_eval import utils
+
+    from day0.stages.evaluation import sides
+
+    template, doc = "Q: {{question}}\nA:{{ ' ' + answer|string }}", {"question": "2+2?",
+                                                                    "answer": 4}
+    before = utils.apply_template(template, doc)
+    sides._compile_templates_once()
+    compiled = []
+    original = utils.env.compile  # what from_string calls for every template it is given
+    utils.env.compile = lambda source, *a, **k: compiled.append(source) or original(source, *a, **k)
+    try:
+        rendered = [utils.apply_template(template + " ", doc) for _ in range(3)]
+    finally:
+        del utils.env.compile
+    assert rendered == [before + " "] * 3 and compiled == [template + " "]
