@@ -92,4 +92,5 @@ def lazy_core(package: str, names: tuple[str, ...]) -> Callable[[str], object]:
             raise AttributeError(f"module '{package}' has no attribute '{name}'")
         return getattr(importlib.import_module(f"{package}.core"), name)
 
+    __getattr__.provides = names  # what the core provides, known without importing it
     return __getattr__

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,14 @@ pytest_plugins = ["tests.setup_gate"]
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# a served deployment (`day0 serve`) picks up the run a test started within a second, not
+# within Prefect's default 10 s poll; what is tested is that it runs, not how soon
+os.environ.setdefault("PREFECT_RUNNER_POLL_FREQUENCY", "1")
+# a session started in the background by a non-interactive shell (`make test &`, nohup) has
+# SIGINT ignored, and so would every server it starts: stopping `day0 serve` would then wait
+# for the SIGKILL 30 s later (tests.procs.stop_group); children inherit a handler as default
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -55,8 +55,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import sys
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 from types import ModuleType
 from typing import Callable
@@ -93,7 +94,11 @@ class Stage:
                                      f"point in group '{ENTRY_POINT_GROUP}'") from None
             raise
         target = getattr(module, attr) if attr else module
-        missing = [a for a in ("Config", "Result", "run") if not hasattr(target, a)]
+        # a lazy package (contract.lazy_core) declares its core's names: checking them by
+        # hasattr would import the core (torch) into the flow's process for nothing
+        lazy = getattr(getattr(target, "__getattr__", None), "provides", ())
+        missing = [a for a in ("Config", "Result", "run")
+                   if a not in lazy and not hasattr(target, a)]
         if missing:
             raise InputError(f"stage '{self.name}' ({self.locator}) lacks {', '.join(missing)}",
                              field="stage", fix="a stage exposes Config, Result and "
@@ -152,7 +157,15 @@ def unregister(name: str) -> None:
 
 
 def _entry_points() -> dict[str, str]:
-    return {ep.name: ep.value for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    return dict(_entry_points_on(tuple(sys.path)))
+
+
+@lru_cache(maxsize=8)
+def _entry_points_on(path: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """Scanning every installed distribution costs ~10 ms and a flow asks ~60 times; a new
+    sys.path entry (a plug-in's site folder) is a new scan."""
+    return tuple((ep.name, ep.value)
+                 for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
 
 
 def locators() -> dict[str, str]:
