@@ -43,21 +43,23 @@ def _fit(tokenizer, sents: list[str], start: int, facts: list[str], depths: list
          key: str, answer: str, budget: int) -> tuple[str, int]:
     """Longest prompt (filler words from start on) whose prompt + answer fits budget."""
 
-    def fits(words: int) -> bool:
-        filler = [sents[(start + i) % len(sents)] for i in range(words)]
-        return _count(tokenizer, _prompt(filler, facts, depths, key) + " " + answer) <= budget
+    def prompt_of(words: int) -> str:
+        return _prompt([sents[(start + i) % len(sents)] for i in range(words)], facts, depths,
+                       key)
+
+    def fits(prompt: str) -> bool:
+        return _count(tokenizer, prompt + " " + answer) <= budget
 
     # the search's upper end doubles from the budget while it still fits: the same answer as
     # searching all the filler's words, without tokenizing prompts many times the budget
     hi = min(len(sents), max(budget, 1))
-    while hi < len(sents) and fits(hi):
+    while hi < len(sents) and fits(prompt_of(hi)):
         hi = min(len(sents), 2 * hi)
     lo, best = 0, None
     while lo <= hi:  # binary search on the number of filler words
         mid = (lo + hi) // 2
-        filler = [sents[(start + i) % len(sents)] for i in range(mid)]
-        prompt = _prompt(filler, facts, depths, key)
-        if _count(tokenizer, prompt + " " + answer) <= budget:
+        prompt = prompt_of(mid)
+        if fits(prompt):
             best, lo = prompt, mid + 1
         else:
             hi = mid - 1
