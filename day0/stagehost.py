@@ -408,6 +408,12 @@ def serve(socket_path: str, keep: dict | None = None) -> None:
             __import__(name)
         except Exception:  # noqa: BLE001 - a child imports what is missing, and reports it
             pass
+    for name in yaml.safe_load((DATA_DIR / "stagehost.yaml").read_text()).get("warm") or []:
+        module, _, function = name.partition(":")
+        try:
+            getattr(importlib.import_module(module), function)()
+        except Exception:  # noqa: BLE001 - the stage pays it itself then
+            pass
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(socket_path)
     os.chmod(socket_path, 0o600)

@@ -22,6 +22,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from day0.orchestration import prefect_db
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ["tiny-llama", "tiny-qwen3moe", "tiny-deepseekv3"]
 STARTUP_S = 180.0
@@ -52,6 +54,7 @@ class Server:
 
     def start(self) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
+        prefect_db.seed(self.home)  # Prefect's migrations, once per machine
         log = open(self.home / "server.log", "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
@@ -65,6 +68,7 @@ class Server:
             try:
                 with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as r:
                     if r.status == 200:
+                        prefect_db.keep(self.home)
                         return
             except OSError:
                 pass

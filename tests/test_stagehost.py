@@ -198,3 +198,21 @@ def test_a_kept_host_leaves_when_idle_and_a_code_change_gets_a_new_one(kept_besi
         os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns))
     assert wait_gone(host.pid, host.ticks, 30), "an idle kept host stayed"
     assert not host.record.exists()
+
+
+def test_every_preload_and_warm_entry_of_the_host_resolves():
+    """stagehost.yaml's lists fail silently in the host (a stage then pays the cost itself):
+    each module imports here and each warm entry names a callable."""
+    import importlib
+
+    import yaml
+
+    from day0 import DATA_DIR
+
+    data = yaml.safe_load((DATA_DIR / "stagehost.yaml").read_text())
+    assert set(data) == {"preload", "warm"}
+    for name in data["preload"]:
+        importlib.import_module(name)
+    for entry in data["warm"]:
+        module, _, function = entry.partition(":")
+        assert function and callable(getattr(importlib.import_module(module), function)), entry

@@ -25,6 +25,7 @@ from pathlib import Path
 from day0 import lifecycle
 from day0.atomic import write_atomic
 from day0.errors import ConfigError, StackError
+from day0.orchestration import prefect_db
 from day0.paths import server_home
 from day0.stack import procs
 from day0.stack.core import _get
@@ -178,6 +179,7 @@ def watch(root: Path, port: int, idle_minutes: float) -> int:
            "PREFECT_SERVER_UI_API_URL": api_url, "PREFECT_SERVER_API_HOST": "127.0.0.1",
            "PREFECT_SERVER_API_PORT": str(port)}
     env.pop("PREFECT_API_URL", None)
+    prefect_db.seed(root / "prefect", env)
     with open(root / "prefect.log", "ab") as log:  # in the watcher's session; dies with it
         server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host",
                                    "127.0.0.1", "--port", str(port)], env=env, cwd=root,
@@ -196,6 +198,8 @@ def watch(root: Path, port: int, idle_minutes: float) -> int:
             if not answered:  # the idle clock starts once it answers (migrations take a while)
                 answered = healthy(api_url)
                 (root / LAST_USED_FILE).touch()
+                if answered:
+                    prefect_db.keep(root / "prefect", env)
             elif busy_runs(api_url):
                 (root / LAST_USED_FILE).touch()
             elif time.time() - _last_used(root) > idle_minutes * 60:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from day0.errors import StackError
+from day0.orchestration import prefect_db
 from day0.stack import procs
 from day0.stack.core import (BUCKET, RECEIVER_SECRETS, REGION, Layout, Proc, StackState,
                              _get, _write_private, wait_until)
@@ -33,10 +34,12 @@ def prefect_env(state: StackState, env: dict) -> dict:
 
 def start_prefect(state: StackState, env: dict, layout: Layout, timeout_s: float) -> Proc:
     layout.prefect_home.mkdir(parents=True, exist_ok=True)
+    env = prefect_env(state, env)
+    prefect_db.seed(layout.prefect_home, env)  # migrations paid once per machine
     port = state.ports["prefect"]
     proc = _launch("prefect", [sys.executable, "-m", "prefect", "server", "start", "--host",
                                "127.0.0.1", "--port", str(port)],
-                   prefect_env(state, env), layout, [port])
+                   env, layout, [port])
 
     def healthy() -> bool:
         code, body = _get(state.api_url + "/health")
@@ -45,7 +48,11 @@ def start_prefect(state: StackState, env: dict, layout: Layout, timeout_s: float
         code, body = _get(state.prefect_url + "/ui-settings")
         return code == 200 and json.loads(body).get("api_url") == state.api_url
 
-    return proc, lambda: wait_until(healthy, proc, timeout_s, "API and UI answering")
+    def answering():
+        wait_until(healthy, proc, timeout_s, "API and UI answering")
+        prefect_db.keep(layout.prefect_home, env)
+
+    return proc, answering
 
 
 # ---------------------------------------------------------------------------- receiver

@@ -13,12 +13,44 @@ def evaluate(lm, task_names: list[str], manager, config: Config) -> dict:
     """lm-eval's simple_evaluate with per-item samples, the same seeds on every side."""
     from lm_eval import simple_evaluate
 
-    _compile_templates_once()
+    warm()
     return simple_evaluate(
         model=lm, tasks=task_names, task_manager=manager, num_fewshot=config.num_fewshot,
         limit=config.limit, log_samples=True, bootstrap_iters=0, cache_requests=False,
         random_seed=config.seed, numpy_random_seed=config.seed, torch_random_seed=config.seed,
         fewshot_random_seed=config.seed, verbosity="WARNING")
+
+
+def warm() -> None:
+    """What every side pays once per process: lm-eval's templates compiled once, its
+    environment report taken once (the warm stage host calls this before it forks: each forked
+    evaluation inherits both)."""
+    _compile_templates_once()
+    _env_info_once()
+
+
+def _env_info_once() -> None:
+    """lm-eval adds an environment report to every results dict (torch's collect_env: about 20
+    subprocesses, 0.5 s a side): it describes the process, not the run, so it is taken once per
+    working directory (its upper_git_hash reads the parent folder) and copied into each."""
+    import os
+
+    from lm_eval import evaluator
+
+    if getattr(evaluator.add_env_info, "day0_once", False):
+        return
+    add_env_info, taken = evaluator.add_env_info, {}
+
+    def once(storage: dict) -> None:
+        cwd = os.getcwd()
+        if cwd not in taken:
+            taken[cwd] = {}
+            add_env_info(taken[cwd])
+        storage.update(taken[cwd])
+
+    once.day0_once = True
+    evaluator.add_env_info = once
+    once({})
 
 
 def _compile_templates_once() -> None:

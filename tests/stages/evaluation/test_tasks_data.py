@@ -138,3 +138,33 @@ def test_task_templates_are_compiled_once_and_render_the_same():
     finally:
         del utils.env.compile
     assert rendered == [before + " "] * 3 and compiled == [template + " "]
+
+
+def test_lm_evals_environment_report_is_taken_once_per_process_and_copied_into_each():
+    """Fresh interpreter (the patch is process-wide): torch's collect_env (about 20 subprocesses)
+    runs once however many sides add it; every results dict still gets the same report."""
+    script = """
+import json
+import torch.utils.collect_env as collect_env
+calls = []
+original = collect_env.get_pretty_env_info
+collect_env.get_pretty_env_info = lambda: calls.append(1) or "the environment"
+from lm_eval import evaluator
+from day0.stages.evaluation import sides
+sides.warm()
+first, second = {}, {"kept": 1}
+evaluator.add_env_info(first)
+evaluator.add_env_info(second)
+print(json.dumps([len(calls), first, second]))
+"""
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    calls, first, second = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert calls == 1
+    assert first["pretty_env_info"] == "the environment" and first["lm_eval_version"]
+    assert second == {"kept": 1, **first}
