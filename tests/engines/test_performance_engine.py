@@ -5,6 +5,9 @@ pass; a promoted run is the baseline of the next; the same engine slowed down (i
 decode steps 4x as long: slow_forward/sitecustomize.py) fails a baseline gate on a latency median,
 naming the workload.
 
+The slowed engine is the same process, slowed once the baseline is measured (a factor file its
+sitecustomize reads): one vLLM start for the module.
+
 The bundled workloads' SLOs are interactive bounds for a real deployment, not for a shared 2-core
 CI runner (one missed the agent's 2 s TTFT on 3 of 22 requests, goodput 0.86): these tests keep
 the bundled requests (the same baseline keys) and judge goodput against SLOs of the machine's
@@ -60,10 +63,23 @@ def store(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def perf_engine(perf_model):
+def slow_factor(tmp_path_factory):
+    """The file the perf engine reads its slow-down factor from: 1 (as it is) unless a test
+    slows it (slow_forward/sitecustomize.py; one engine start instead of two, ~40 s)."""
+    path = tmp_path_factory.mktemp("slow-forward") / "factor"
+    path.write_text("1")
+    return path
+
+
+@pytest.fixture(scope="module")
+def perf_engine(perf_model, slow_factor):
     from day0.engines.process import launched
 
-    with launched(engine_target().engine, perf_model, "bfloat16", name="perf") as engine:
+    settings = engine_target().engine
+    env = {**settings.env, "PYTHONPATH": str(SLOW_FORWARD),
+           "DAY0_SLOW_FORWARD_FILE": str(slow_factor)}
+    with launched(settings.model_copy(update={"env": env}), perf_model, "bfloat16",
+                  name="perf") as engine:
         yield engine.endpoint
 
 
@@ -112,16 +128,15 @@ def test_the_next_run_is_compared_with_the_promoted_one_and_passes(promoted, per
 
 
 def test_a_slower_engine_fails_a_baseline_gate_naming_the_workload(promoted, perf_model, store,
-                                                                   workloads_file):
-    from day0.engines.process import launched
-
-    settings = engine_target().engine
-    slowed_env = {**settings.env, "PYTHONPATH": str(SLOW_FORWARD), "DAY0_SLOW_FORWARD": "4"}
-    with launched(settings.model_copy(update={"env": slowed_env}), perf_model, "bfloat16",
-                  name="slow-forward") as engine:
+                                                                   workloads_file, perf_engine,
+                                                                   slow_factor):
+    slow_factor.write_text("4")  # the promoted engine, its batched decode steps now 4x as long
+    try:
         # short_qa alone (its c4 run decodes several sequences at once); one confirmation
-        slowed = measure(perf_model, engine.endpoint, store, workloads_file,
+        slowed = measure(perf_model, perf_engine, store, workloads_file,
                          workloads=["short_qa"], confirm_attempts=1)
+    finally:
+        slow_factor.write_text("1")
     judged = performance_gates(slowed)
     failed = [g for g in judged.values() if not g.passed]
     assert failed, ({s.run: (s.kind, s.low) for s in slowed.slowdowns}, latencies(slowed),

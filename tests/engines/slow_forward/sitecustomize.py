@@ -4,7 +4,10 @@ sequences) sleeps DAY0_SLOW_FORWARD - 1 times its own compute after it, as a bat
 lost its fast path in a new software stack would. One sequence at a time, and prefills, run as
 before. Unlike --max-num-seqs 1, which slows a median only where batching is nearly free (on a
 compute-bound 2-core CPU the serialized engine measured 0.94-1.08x its baseline), this slows
-concurrent decoding on every machine."""
+concurrent decoding on every machine.
+
+DAY0_SLOW_FORWARD_FILE instead names a file holding the factor, read again at most every 0.2 s:
+one running engine is measured as it is (factor 1) and then slowed, without a second start."""
 
 import importlib.abc
 import os
@@ -14,6 +17,22 @@ import time
 MODULE = "vllm.model_executor.models.llama"
 FACTOR = float(os.environ.get("DAY0_SLOW_FORWARD", "4"))
 MAX_TOKENS = int(os.environ.get("DAY0_SLOW_FORWARD_MAX_TOKENS", "8"))
+FACTOR_FILE = os.environ.get("DAY0_SLOW_FORWARD_FILE")
+_read = {"at": float("-inf"), "factor": 1.0}
+
+
+def _factor() -> float:
+    if not FACTOR_FILE:
+        return FACTOR
+    now = time.monotonic()
+    if now - _read["at"] > 0.2:
+        _read["at"] = now
+        try:
+            with open(FACTOR_FILE) as f:
+                _read["factor"] = float(f.read().strip() or 1)
+        except (OSError, ValueError):
+            _read["factor"] = 1.0
+    return _read["factor"]
 
 
 def _slow_down(module) -> None:
@@ -23,8 +42,9 @@ def _slow_down(module) -> None:
     def slow_forward(self, input_ids, positions, *args, **kwargs):
         start = time.perf_counter()
         out = forward(self, input_ids, positions, *args, **kwargs)
-        if 1 < positions.shape[-1] <= MAX_TOKENS:  # this step's tokens, one per decoding sequence
-            time.sleep((FACTOR - 1) * (time.perf_counter() - start))
+        factor = _factor()
+        if factor > 1 and 1 < positions.shape[-1] <= MAX_TOKENS:  # one token per decoding sequence
+            time.sleep((factor - 1) * (time.perf_counter() - start))
         return out
 
     cls.forward = slow_forward
