@@ -103,6 +103,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("run", metavar="RUN_FOLDER", help="folder (or s3:// prefix) with report.json")
     s.add_argument("--store", default=None, help="baseline folder or s3:// prefix (default: "
                                                  "the results location, else day0's cache)")
+    p = sub.add_parser("stages", help="list the registered stages: what each proves, needs and "
+                                      "runs on")
+    p.add_argument("--json", action="store_true", help="one JSON document")
     sub.add_parser("targets", help="list the available target profiles")
     sub.add_parser("metrics", help="list every metric a gate may name")
     p = sub.add_parser("gates", help="check a gates file", description="Validate a gates file and list its gates.")
@@ -259,6 +262,29 @@ def cmd_targets(args) -> int:
     return 0
 
 
+def cmd_stages(args) -> int:
+    from day0 import stages
+
+    rows = [stages.get(name).describe() for name in stages.names()]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    table = [("STAGE", "RUNS ON", "NEEDS", "FLAGS", "PROVES")]
+    for r in rows:
+        flags = [flag for flag, on in (("engine", r["uses_endpoint"]), ("alone", r["exclusive"]))
+                 if on]
+        table.append((r["name"], "/".join(r["runs_on"]),
+                      ", ".join(r["requires"] + [f"after {a}" for a in r["after"]]) or "-",
+                      ",".join(flags) or "-", r["proves"]))
+    widths = [max(len(row[i]) for row in table) for i in range(4)]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[4])
+    print("\nFLAGS: engine = talks to an engine target's server; alone = runs after every other "
+          "stage with nothing else on the machine (it measures time). Stages come from day0, the "
+          "'day0.stages' entry points and day0.stages.register.")
+    return 0
+
+
 def cmd_metrics(args) -> int:
     from day0.gates import metric_catalog
 
@@ -323,7 +349,7 @@ def cmd_stack(args) -> int:
 
 
 COMMANDS = {"analyze": cmd_analyze, "scan": cmd_scan, "validate": cmd_validate, "serve": cmd_serve,
-            "targets": cmd_targets, "metrics": cmd_metrics, "gates": cmd_gates,
+            "stages": cmd_stages, "targets": cmd_targets, "metrics": cmd_metrics, "gates": cmd_gates,
             "hooks": cmd_hooks, "stack": cmd_stack, "server": cmd_server, "baseline": cmd_baseline,
             "reference": cmd_reference}
 

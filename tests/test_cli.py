@@ -36,7 +36,8 @@ def ckpt(tmp_path):
     return dest
 
 
-@pytest.mark.parametrize("command", ["analyze", "scan", "validate", "targets", "metrics", "gates"])
+@pytest.mark.parametrize("command", ["analyze", "scan", "validate", "stages", "targets", "metrics",
+                                     "gates"])
 def test_help(command):
     proc = day0(command, "--help")
     assert proc.returncode == 0 and "usage: day0" in proc.stdout
@@ -49,6 +50,18 @@ def test_analyze_json_document():
     for key in ("architecture", "model_type", "attention", "moe", "params", "memory", "kv_cache", "plan", "risks"):
         assert key in doc
     assert doc["attention"]["kind"] == "gqa" and doc["moe"] is None
+
+
+def test_the_stages_that_validate_help_points_to_are_listed_without_torch():
+    assert "`day0 stages`" in day0("validate", "--help").stdout.replace("\n", " ")
+    script = ("import sys; from day0 import cli; code = cli.main(['stages']); "
+              "assert code == 0 and 'torch' not in sys.modules, code")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    for name in ("analysis", "scan", "alignment", "evaluation", "performance", "soak"):
+        assert any(line.startswith(name + " ") for line in lines), name
 
 
 def test_targets_and_metrics_list():

@@ -98,6 +98,29 @@ def test_entry_point_stage_is_registered_planned_and_its_metrics_gateable(echo_s
     assert [g.metric for g in load_gates(gates_file(tmp_path, 1)).gates][0] == "echo.params"
 
 
+def test_day0_stages_lists_a_plugin_stage_with_what_it_proves_needs_and_runs_on(echo_stage):
+    """`day0 stages` (a fresh process: the entry point comes through PYTHONPATH)."""
+    import os
+    import subprocess
+
+    listed = subprocess.run([sys.executable, "-m", "day0.cli", "stages", "--json"],
+                            capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    rows = {row["name"]: row for row in json.loads(listed.stdout)}
+    assert list(rows)[:len(stages.BUILTIN)] == list(stages.BUILTIN)
+    assert rows["echo"] == {
+        "name": "echo", "proves": "Echo stage (test plug-in): reports the model's parameter "
+                                  "count that analysis found, times a factor.",
+        "runs_on": ["torch"], "requires": ["analysis"], "after": [], "uses_endpoint": False,
+        "exclusive": False, "locator": "day0_echo_stage"}
+    assert rows["performance"]["exclusive"] and rows["smoke"]["runs_on"] == ["engine"]
+    table = subprocess.run([sys.executable, "-m", "day0.cli", "stages"], capture_output=True,
+                           text=True, timeout=120, env=dict(os.environ)).stdout.splitlines()
+    assert table[0].split() == ["STAGE", "RUNS", "ON", "NEEDS", "FLAGS", "PROVES"]
+    echo = next(line for line in table if line.startswith("echo "))
+    assert echo.split()[:4] == ["echo", "torch", "analysis", "-"]
+
+
 def test_registry_api_and_its_errors(echo_stage):
     stages.register("echo_again", "day0_echo_stage")
     try:

@@ -135,6 +135,22 @@ class Stage:
             return DATA_DIR / "metrics" / f"{self.name}.yaml"
         return Path(self.hook("METRICS", DATA_DIR / "metrics" / f"{self.name}.yaml"))
 
+    @property
+    def summary(self) -> str:
+        """What it proves: its docstring's first sentence (a stage's docstring says it)."""
+        paragraph = " ".join((self.module.__doc__ or "").strip().split("\n\n")[0].split())
+        for end in (". ", "? "):
+            if end in paragraph:
+                paragraph = paragraph[:paragraph.index(end) + 1]
+        return paragraph
+
+    def describe(self) -> dict:
+        """What `day0 stages` lists: what it proves, needs and runs on, and how it runs."""
+        return {"name": self.name, "proves": self.summary, "runs_on": list(self.target_kinds),
+                "requires": list(self.requires), "after": list(self.after),
+                "uses_endpoint": self.uses_endpoint, "exclusive": self.exclusive,
+                "locator": self.locator}
+
     def facts(self, result: dict) -> dict:
         fn: Callable | None = self.hook("facts")
         return dict(fn(result)) if fn else {}
