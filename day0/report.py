@@ -150,10 +150,15 @@ def _result(g: GateResult) -> str:
 def gate_rows(report: Report, markup: bool = False) -> list[dict]:
     """The gates, failing first (FAIL, WARN, not evaluated, PASS, n/a; gates.yaml order within),
     with severity; the gates a stage that did not run left unevaluated are one row per stage
-    and reason. markup: for markdown and the Prefect UI (bold failures, ≥/≤ thresholds)."""
+    and reason; the gates of stages that do not run on this kind of target are one counted row,
+    last (report.json keeps every gate). markup: for markdown and the Prefect UI (bold
+    failures, ≥/≤ thresholds)."""
     rows: list[tuple[int, dict]] = []
     grouped: dict[str, dict] = {}
+    elsewhere = _off_kind(report)
     for g in report.gates:
+        if g.id in elsewhere:
+            continue
         result = _result(g)
         op = UI_OPS.get(g.op, g.op) if markup else g.op
         row = {"result": result, "severity": g.severity, "gate": g.id,
@@ -169,11 +174,30 @@ def gate_rows(report: Report, markup: bool = False) -> list[dict]:
             grouped[g.not_evaluated] = row
         rows.append((ORDER[result], row))
     out = [row for _, row in sorted(rows, key=lambda r: r[0])]
+    if elsewhere:  # the gates of stages that never run on this kind of target: one line
+        names = list(dict.fromkeys(elsewhere.values()))
+        out.append({"result": "n/a", "severity": "", "gate": f"{len(elsewhere)} gates",
+                    "observed": "", "threshold": "—",
+                    "reason": f"not applicable: their stages ({', '.join(names)}) do not run on "
+                              f"{report.target.kind} targets",
+                    "metric": ", ".join(f"{name}.*" for name in names)})
     if markup:
         for row in out:
             if row["result"] in ("FAIL", "WARN", "not evaluated"):
                 row["result"] = f"**{row['result']}**"
     return out
+
+
+def _off_kind(report: Report) -> dict[str, str]:
+    """Gate id -> stage, for the gates (not applicable) on metrics of a registered stage that
+    does not run on the report's kind of target (an engine stage's on a torch target)."""
+    kind, found = report.target.kind, {}
+    known = set(stages.names())
+    for g in report.gates:
+        stage = g.metric.split(".")[0]
+        if not g.applicable and stage in known and kind not in stages.get(stage).target_kinds:
+            found[g.id] = stage
+    return found
 
 
 def headline(report: Report) -> str:
@@ -275,6 +299,8 @@ def verdict_table(report: Report) -> str:
         if r["result"] == "not evaluated":  # the gate ids would widen every row
             count = r["gate"].count(",") + 1
             r.update(gate=f"{count} gate{'s' * (count > 1)}", result=r["reason"])
+        elif r["result"] == "n/a" and r["metric"].endswith(".*"):  # the other kind's gates
+            r["result"] = r["reason"]
     widths = {k: max(len(k), *(len(str(r[k])) for r in rows)) for k in ("gate", "observed", "threshold", "result")}
     lines = [f"{'gate':<{widths['gate']}}  {'observed':>{widths['observed']}}  "
              f"{'threshold':<{widths['threshold']}}  result"]

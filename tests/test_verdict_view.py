@@ -127,6 +127,38 @@ def test_gate_rows_failing_first_with_severity_and_symbols():
     assert not any(str(v).lstrip().startswith(">") for r in ui for v in r.values())
 
 
+def test_gates_of_stages_that_never_run_on_the_targets_kind_are_one_counted_line(tmp_path):
+    """On a torch target the engine stages' gates are not applicable: one line, last, naming
+    the stages; a gate not applicable for another reason keeps its row; report.json keeps all."""
+    gates_file = load_gates()
+    metrics = {"alignment.logits.kl_mean": 1e-4, "analysis.plan_fits": 1.0}
+    engine_stages = ["smoke", "api_alignment", "serving", "soak"]
+    results = evaluate(gates_file, metrics, is_moe=False,
+                       inapplicable={name: f"stage {name} does not run on torch targets"
+                                     for name in engine_stages})
+    elsewhere = [r for r in results if r.metric.split(".")[0] in engine_stages]
+    assert len(elsewhere) > 10 and all(not r.applicable for r in elsewhere)
+    report = _report("PASS", results)
+    rows = gate_rows(report)
+    last = rows[-1]
+    assert last["gate"] == f"{len(elsewhere)} gates" and last["result"] == "n/a"
+    assert last["reason"] == ("not applicable: their stages (" + ", ".join(
+        dict.fromkeys(r.metric.split(".")[0] for r in elsewhere)) + ") do not run on torch "
+        "targets")
+    listed = {r["gate"] for r in rows}
+    assert not listed & {r.id for r in elsewhere}
+    moe = [r for r in results if r.reason.startswith("not applicable: dense model")]
+    assert moe and {r.id for r in moe} <= listed  # n/a for another reason: its own row
+    assert len(rows) == len(results) - len(elsewhere) + 1 - sum(
+        r["gate"].count(",") for r in rows if r["result"] == "not evaluated")
+    assert sum("do not run on torch targets" in line for line in
+               verdict_table(report).splitlines()) == 1
+    assert to_markdown(report).count("do not run on torch targets") == 1
+    write(report, tmp_path)
+    kept = json.loads((tmp_path / "report.json").read_text())["gates"]
+    assert len(kept) == len(results)
+
+
 def test_report_starts_with_verdict_and_first_failing_gate(tmp_path):
     gates = [_gate("ok", True), _gate("layers-aligned", False, observed=2.0, op="==",
                                       threshold=0.0, reason="2 == 0 violated")]
