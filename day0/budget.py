@@ -2,7 +2,8 @@
 
 A target's ``memory_limit_gib`` / ``timeout_s`` win when set. Otherwise each stage's budget is
 derived from the analysis stage's parameter count, the dtypes of the model copies the stage
-holds and the factors in ``day0/data/budgets.yaml`` (see there for the formula). The runner
+holds and its factors (its folder's ``budget.yaml``; the formula: ``day0/data/budgets.yaml``). The
+runner
 kills a stage over its budget and reports why (``StageBudget.exceeded``): verdict ERROR, never a
 worker exhausted by one oversized checkpoint.
 """
@@ -17,6 +18,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from day0 import lifecycle
+from day0.errors import ConfigError
 from day0.targets import REFERENCE, Target
 from day0.yamlio import load_model, read_mapping
 
@@ -55,14 +57,15 @@ class StageFactors(BaseModel):
 
 
 class BudgetFactors(BaseModel):
-    """day0/data/budgets.yaml."""
+    """day0/data/budgets.yaml (or $DAY0_BUDGETS): the global factors, and stages it overrides."""
 
     model_config = ConfigDict(extra="forbid")
 
     host_memory_fraction: float = Field(0.8, gt=0, le=1, description=(
         "A derived memory budget is capped at this fraction of the host's memory."))
     bytes_per_dtype: dict[str, float] = Field(description="Bytes per parameter of each dtype.")
-    stages: dict[str, StageFactors] = Field(description="Factors per stage name.")
+    stages: dict[str, StageFactors] = Field(default_factory=dict, description=(
+        "Factors per stage name that replace the stage's own budget.yaml (a worker's tuning)."))
 
 
 class StageBudget(BaseModel):
@@ -112,6 +115,27 @@ def load_factors(path: str | None = None) -> BudgetFactors:
 @lru_cache(maxsize=8)
 def _load_factors(file: str) -> BudgetFactors:
     return load_model(BudgetFactors, read_mapping(file), file)
+
+
+def stage_factors(stage: str, factors: BudgetFactors | None = None) -> StageFactors:
+    """The stage's budget factors: the factors file's entry for it, else the stage's own
+    budget.yaml; a stage that declares none is a ConfigError (exit 2) naming the file."""
+    from day0 import stages
+
+    factors = factors or load_factors()
+    if stage in factors.stages:
+        return factors.stages[stage]
+    path = stages.get(stage).budget_file
+    if not path.is_file():
+        raise ConfigError(f"stage '{stage}' declares no resource budget", file=str(path),
+                          field="budget", fix="add budget.yaml to the stage's folder (or name "
+                          "one as its BUDGET); day0/data/budgets.yaml explains the factors")
+    return _stage_factors(str(path))
+
+
+@lru_cache(maxsize=64)
+def _stage_factors(file: str) -> StageFactors:
+    return load_model(StageFactors, read_mapping(file), file)
 
 
 def format_params(n: int) -> str:
@@ -190,13 +214,13 @@ def derive(stage: str, target: Target, params: int | None, *, reference: Target 
     derived from params and, for stages whose memory grows with the context, from the model's
     shape; without params only the fixed allowances apply."""
     factors = factors or load_factors()
-    # an unknown stage fails at once in its child; give it the smallest (analysis) allowance
-    f = factors.stages.get(stage) or factors.stages["analysis"]
     memory_from = ("set by the caller" if memory_limit_gib else
                    f"memory_limit_gib of target {target.name}")
     timeout_from = "set by the caller" if timeout_s else f"timeout_s of target {target.name}"
     memory_limit_gib = memory_limit_gib or target.memory_limit_gib
     timeout_s = timeout_s or target.timeout_s
+    # explicit limits need no factors (a stage run by hand with both given)
+    f = None if memory_limit_gib and timeout_s else stage_factors(stage, factors)
     size = (f"derived from {format_params(params)} parameters" if params else
             f"(the {stage} stage's fixed allowance; no parameter count yet)")
 
@@ -240,4 +264,4 @@ def with_budget(target: Target, budget: StageBudget) -> Target:
 
 
 __all__ = ["StageBudget", "ModelShape", "shape_of", "BudgetFactors", "BUDGETS_ENV", "derive", "for_spec", "with_budget",
-           "load_factors", "format_params"]
+           "load_factors", "stage_factors", "format_params"]

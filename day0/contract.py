@@ -7,7 +7,7 @@ A stage module (day0.stages.analysis, day0.stages.scan, day0.stages.alignment) e
 * ``run(config: Config, inputs: StageInputs) -> Result``: pure core, no Prefect inside.
 
 ``Result.metrics()`` returns the flat ``{metric_name: value}`` that gates read; the names it may
-produce are declared in ``day0/data/metrics/<stage>.yaml`` and a test checks they agree.
+produce are declared in the stage folder's ``metrics.yaml`` and a test checks they agree.
 The runner (day0.stage) executes a stage in a subprocess: spec JSON in, result JSON out.
 """
 

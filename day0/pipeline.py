@@ -44,6 +44,22 @@ def check_gates(gate_file: GatesFile, configs: dict, waves: list[list[str]]) -> 
         raise ConfigError.from_problems(problems)
 
 
+def check_budgets(waves: list[list[str]]) -> None:
+    """Before any stage runs: every planned stage declares its resource budget factors (its
+    folder's budget.yaml, or the factors file's entry). Every problem at once (exit 2)."""
+    from day0.budget import load_factors, stage_factors
+    from day0.errors import ConfigError, Day0Error
+
+    factors, problems = load_factors(), []
+    for name in (n for wave in waves for n in wave):
+        try:
+            stage_factors(name, factors)
+        except Day0Error as exc:
+            problems += exc.problems
+    if problems:
+        raise ConfigError.from_problems(problems)
+
+
 def blocked(name: str, outcomes: dict[str, StageOutcome], skipped: dict[str, str]) -> str | None:
     """Why stage `name` must not run, or None: a stage it requires or runs after failed, was not
     run, or found the checkpoint broken (comparing broken weights tells nothing)."""
@@ -128,4 +144,4 @@ def conclude(gate_file: GatesFile, target: Target, outcomes: dict[str, StageOutc
                       checkpoint_problems)
 
 
-__all__ = ["check_configs", "check_gates", "blocked", "stage_inputs", "needs_endpoint", "without_engine", "facts_of", "conclude", "Conclusion"]
+__all__ = ["check_configs", "check_gates", "check_budgets", "blocked", "stage_inputs", "needs_endpoint", "without_engine", "facts_of", "conclude", "Conclusion"]

@@ -142,11 +142,11 @@ class Target(BaseModel):
         "shared by two stages."))
     timeout_s: float | None = Field(None, gt=0, description=(
         "Wall-clock limit per stage, seconds; exceeded = the stage is killed, verdict ERROR. "
-        "None: each stage's time budget derived from the model's size (day0/data/budgets.yaml)."))
+        "None: each stage's time budget derived from the model's size (its folder's budget.yaml)."))
     memory_limit_gib: float | None = Field(None, gt=0, description=(
         "Resident-memory limit per stage (its whole process group), GiB; exceeded = the stage "
         "is killed, verdict ERROR. None: each stage's memory budget derived from the model's "
-        "parameter count and dtypes (day0/data/budgets.yaml)."))
+        "parameter count and dtypes (its folder's budget.yaml)."))
     op_manifest: str | None = Field(None, description=(
         "YAML file listing the aten ops the backend supports; used instead of probing the device."))
     card_memory_gib: float = Field(80.0, gt=0, description="Memory of one accelerator card, GiB.")

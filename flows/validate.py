@@ -80,6 +80,7 @@ def validate(source: str, target: str | None = "cpu-bf16", target_file: str | No
     pipeline.check_configs(configs)
     waves = registry.plan(stages, target_profile.kind)
     pipeline.check_gates(gate_file, configs, waves)  # e.g. a paired gate its items cannot power
+    pipeline.check_budgets(waves)  # a stage without budget factors: exit 2 before any stage
     weights = identity.weights_key(source)  # once: every stage's cache key shares it
     # an unreadable source is the stages' finding (exit 2 from the first), not a crashed flow
     release = identity.resolve(source, model=model, revision=revision, weights=weights,

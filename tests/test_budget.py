@@ -9,7 +9,7 @@ import yaml
 from day0 import budget
 from day0.contract import StageInputs
 from day0.stage import StageSpec, run_stage
-from day0.stages import BUILTIN
+from day0.stages import BUILTIN, get
 from day0.targets import resolve_target
 from tests.conftest import MODELS, PLUGINS
 
@@ -20,9 +20,16 @@ def cpu_bf16(**update):
     return resolve_target("cpu-bf16").model_copy(update=update)
 
 
+def own_factors() -> dict:
+    """A worker's factors file as data: the shipped globals and every stage's own factors."""
+    data = yaml.safe_load(budget.BUDGETS_FILE.read_text())
+    data["stages"] = {name: yaml.safe_load(get(name).budget_file.read_text()) for name in BUILTIN}
+    return data
+
+
 def tiny_factors(tmp_path, fixed_gib=0.01, fixed_s=600):
     """budgets.yaml with allowances far below what a Python+torch process needs."""
-    data = yaml.safe_load(budget.BUDGETS_FILE.read_text())
+    data = own_factors()
     for stage in data["stages"].values():
         stage.update(fixed_gib=fixed_gib, fixed_s=fixed_s, activation_factor=1.0)
     path = tmp_path / "budgets.yaml"
@@ -30,13 +37,53 @@ def tiny_factors(tmp_path, fixed_gib=0.01, fixed_s=600):
     return path
 
 
-def test_every_stage_has_factors():
-    assert set(budget.load_factors().stages) == set(BUILTIN)
+def test_every_stage_declares_its_factors_in_its_folder():
+    assert budget.load_factors().stages == {}  # the shipped file names no stage
+    for name in BUILTIN:
+        assert get(name).budget_file == get(name).folder / "budget.yaml"
+        assert budget.stage_factors(name).fixed_s > 0
+
+
+def test_a_factors_file_overrides_only_the_stages_it_names(tmp_path, monkeypatch):
+    data = yaml.safe_load(budget.BUDGETS_FILE.read_text())
+    data["stages"] = {"scan": {"fixed_gib": 1.5, "fixed_s": 60}}
+    path = tmp_path / "worker-budgets.yaml"
+    path.write_text(yaml.safe_dump(data))
+    monkeypatch.setenv(budget.BUDGETS_ENV, str(path))
+    assert budget.derive("scan", cpu_bf16(), None).memory_gib == 1.5
+    own = budget.stage_factors("alignment", budget.load_factors(None))
+    assert budget.derive("alignment", cpu_bf16(), None).memory_gib == own.fixed_gib
+
+
+def test_a_stage_without_budget_factors_is_a_config_error_naming_its_file(tmp_path):
+    from day0 import pipeline, stages
+    from day0.errors import ConfigError
+
+    (tmp_path / "budgetless_stage.py").write_text('"""A stage that forgot its budget."""\n'
+                                                  "Config = Result = run = None\n")
+    import sys
+
+    sys.path.insert(0, str(tmp_path))
+    stages.register("budgetless", "budgetless_stage")
+    stages.register("budgetless_too", "budgetless_stage")
+    try:
+        with pytest.raises(ConfigError) as raised:
+            budget.derive("budgetless", cpu_bf16(), None)
+        assert "stage 'budgetless' declares no resource budget" in str(raised.value)
+        assert str(tmp_path / "budget.yaml") in str(raised.value)
+        with pytest.raises(ConfigError, match="2 problems"):  # every planned stage at once
+            pipeline.check_budgets([["analysis"], ["budgetless", "scan"], ["budgetless_too"]])
+        pipeline.check_budgets([["analysis"], ["scan", "alignment"]])
+    finally:
+        stages.unregister("budgetless")
+        stages.unregister("budgetless_too")
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("budgetless_stage", None)
 
 
 def test_derived_default_follows_size_and_dtypes():
     factors = budget.load_factors()
-    f = factors.stages["alignment"]
+    f = budget.stage_factors("alignment")
     got = budget.derive("alignment", cpu_bf16(), SMOLLM2)
     # reference float32 (4 B) + control and target bfloat16 (2 B each)
     expected = SMOLLM2 * (4 + 2 + 2) * f.activation_factor / 2**30 + f.fixed_gib
@@ -50,7 +97,8 @@ def test_derived_default_follows_size_and_dtypes():
     assert budget.derive("alignment", cpu_bf16(), 10 * SMOLLM2).timeout_s > got.timeout_s
     # nothing counted yet (the analysis stage itself): the fixed allowance
     first = budget.derive("analysis", cpu_bf16(), None)
-    assert first.memory_gib == factors.stages["analysis"].fixed_gib and first.params is None
+    assert first.memory_gib == budget.stage_factors("analysis").fixed_gib and first.params is None
+    assert factors.bytes_per_dtype["float32"] == 4
 
 
 def test_huge_model_is_capped_at_the_host():
@@ -106,7 +154,8 @@ def test_over_budget_stage_gives_error_verdict_with_the_reason(prefect_server, t
     from flows.validate import validate
 
     factors = yaml.safe_load(budget.BUDGETS_FILE.read_text())
-    factors["stages"]["alignment"].update(fixed_gib=0.01, activation_factor=1.0)
+    factors["stages"] = {"alignment": {**yaml.safe_load(get("alignment").budget_file.read_text()),
+                                       "fixed_gib": 0.01, "activation_factor": 1.0}}
     path = tmp_path / "budgets.yaml"
     path.write_text(yaml.safe_dump(factors))
     monkeypatch.setenv(budget.BUDGETS_ENV, str(path))

@@ -72,6 +72,9 @@ def echo_stage(tmp_path, monkeypatch):
     dist = site / "day0_echo_stage-1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: day0-echo-stage\nVersion: 1.0\n")
+    (pkg / "budget.yaml").write_text(yaml.safe_dump({  # its own budget, in its folder
+        "description": "reads analysis' result; holds no model.", "fixed_gib": 2,
+        "fixed_s": 120}))
     (dist / "entry_points.txt").write_text("[day0.stages]\necho = day0_echo_stage\n")
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.setenv("PYTHONPATH", f"{site}:{ROOT}")
@@ -156,6 +159,9 @@ def test_plugin_stage_runs_in_the_flow_is_gated_and_reported(echo_stage, prefect
     assert report["metrics"]["echo.params"] == 2.0 * analysis_total
     assert report["evidence"]["echo"]["params"] == 2.0 * analysis_total
     assert set(report["stages"]) == {"analysis", "echo"}  # scan and alignment not selected
+    # its budget from its own folder's budget.yaml (fixed_gib 2, fixed_s 120; no copies)
+    assert report["stages"]["echo"]["budget"]["memory_gib"] == 2.0
+    assert report["stages"]["echo"]["budget"]["timeout_s"] == 120.0
     on_disk = json.loads((out / "report.json").read_text())
     assert on_disk["gates"][0]["id"] == "echo-params" and on_disk["gates"][0]["passed"]
     assert f"parameters seen by the echo stage: {2.0 * analysis_total:g}" in (out / "report.md").read_text()

@@ -16,7 +16,9 @@ A stage is a module (usually a package ``day0/stages/<name>/``) exposing:
                     waves); such a stage is never cached (a served engine has no digest);
                     default False
 ``METRICS``         YAML declaring the metrics ``Result.metrics()`` may produce; default
-                    ``day0/data/metrics/<name>.yaml``
+                    ``metrics.yaml`` in the stage's folder
+``BUDGET``          YAML of its resource budget factors (day0.budget.StageFactors; the formula
+                    in ``day0/data/budgets.yaml``); default ``budget.yaml`` in its folder
 ``facts``           optional ``facts(result: dict) -> dict``: model facts (architecture, params,
                     moe, dimensions) for the report, the gates' ``applies_to`` and budgets
 ``evidence``        optional ``evidence(result: dict) -> dict``: what report.json keeps under
@@ -62,7 +64,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Callable
 
-from day0 import DATA_DIR
 from day0.errors import ConfigError, InputError, did_you_mean
 
 ENTRY_POINT_GROUP = "day0.stages"
@@ -129,11 +130,25 @@ class Stage:
         return bool(self.hook("EXCLUSIVE", False))
 
     @property
-    def metrics_file(self) -> Path:
+    def folder(self) -> Path:
+        """Where the stage's own files are: its package's folder (a module's: the folder it
+        is in)."""
         if self.name in BUILTIN and self.locator == BUILTIN[self.name]:
-            # known without importing the stage (its module imports torch)
-            return DATA_DIR / "metrics" / f"{self.name}.yaml"
-        return Path(self.hook("METRICS", DATA_DIR / "metrics" / f"{self.name}.yaml"))
+            return Path(__file__).parent / self.name  # known without importing the stage
+        return Path(self.module.__file__).parent
+
+    @property
+    def metrics_file(self) -> Path:
+        return Path(self._declared("METRICS") or self.folder / "metrics.yaml")
+
+    @property
+    def budget_file(self) -> Path:
+        return Path(self._declared("BUDGET") or self.folder / "budget.yaml")
+
+    def _declared(self, name: str):
+        if self.name in BUILTIN and self.locator == BUILTIN[self.name]:
+            return None  # the built-ins keep theirs in their folder under the default names
+        return self.hook(name)
 
     @property
     def summary(self) -> str:

@@ -21,7 +21,7 @@ from day0.stage import StageOutcome, StageSpec, execute
 from day0.targets import Target
 
 PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
-METRICS_FILE = Path(__file__).resolve().parents[2] / "day0" / "data" / "metrics" / "alignment.yaml"
+METRICS_FILE = Path(__file__).resolve().parents[2] / "day0" / "stages" / "alignment" / "metrics.yaml"
 # Fault runs only need the windows; one window, little generation, no op replay keeps them fast.
 FAST = dict(max_windows=1, generation_prompts=2, new_tokens=8, check_ops=False)
 

@@ -5,11 +5,14 @@ its runner and the Prefect task. Needs: nothing (no weights, no device)."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from day0 import progress
 from day0.contract import StageInputs, StageResult
+
+BUDGET = Path(__file__).with_name("ticker_budget.yaml")  # a module, not a folder: named here
 
 
 class Config(BaseModel):

@@ -26,7 +26,7 @@ checkpoint's own tokenizer (transformers, day0's venv) as the reference:
 * concurrency  - ``concurrency`` requests at once all succeed.
 
 Each check is a row (name, family, passed, detail); metrics are counts (``smoke.checks_failed``
-and one per family, day0/data/metrics/smoke.yaml). An error status or malformed answer fails its
+and one per family, smoke/metrics.yaml). An error status or malformed answer fails its
 check; an engine that stops answering (EngineUnreachable, a StageError) ends the stage ERROR.
 
 What it proves: the engine serves this checkpoint's tokenizer and chat template and its API
