@@ -159,7 +159,12 @@ def run_stage(spec: StageSpec, *, timeout_s: float | None = None,
     else derived from the model's size (day0.budget). Memory counts the stage's process group.
     Every line of the child goes to log, progress lines included (day0.progress); a child
     silent for 10 s gets a heartbeat line there (elapsed time, memory)."""
-    budget = budget or for_spec(spec, timeout_s=timeout_s, memory_limit_gib=memory_limit_gib)
+    if budget is None:
+        try:
+            budget = for_spec(spec, timeout_s=timeout_s, memory_limit_gib=memory_limit_gib)
+        except Day0Error as exc:  # an unknown stage, one without budget factors: its outcome
+            kind = "config" if isinstance(exc, ConfigError) else "input"
+            return _failed(spec, kind, str(exc), exc.exit_code, 0.0, [])
     log = log or (lambda line: None)
     tail: list[str] = []
     started = time.monotonic()

@@ -74,6 +74,11 @@ def test_a_stage_without_budget_factors_is_a_config_error_naming_its_file(tmp_pa
         with pytest.raises(ConfigError, match="2 problems"):  # every planned stage at once
             pipeline.check_budgets([["analysis"], ["budgetless", "scan"], ["budgetless_too"]])
         pipeline.check_budgets([["analysis"], ["scan", "alignment"]])
+        # run directly (no flow checked it first): a failed outcome naming the file, no raise
+        outcome = run_stage(StageSpec(stage="budgetless", locator="budgetless_stage", inputs=(
+            StageInputs(source=str(MODELS / "tiny-llama"), target=cpu_bf16()))))
+        assert not outcome.ok and outcome.failure == "config" and outcome.exit_code == 2
+        assert "declares no resource budget" in outcome.error
     finally:
         stages.unregister("budgetless")
         stages.unregister("budgetless_too")

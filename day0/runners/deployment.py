@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Callable
 
 from day0 import progress
+from day0.errors import Day0Error
 from day0.stage import StageOutcome, StageSpec
 from day0.targets import Target
 
@@ -46,6 +47,7 @@ RESULTS_ENV = "DAY0_STAGE_RESULTS_URI"
 GRACE_ENV = "DAY0_STAGE_START_GRACE_S"
 DEFAULT_GRACE_S = 300.0  # queueing, worker poll, image start: not part of the stage's own timeout
 POLL_S = 1.0
+UNKNOWN_HERE_WAIT_S = 600.0  # a stage only the worker knows: how long its run is waited for
 
 
 def stage_results_base(spec: StageSpec) -> str | None:
@@ -133,8 +135,13 @@ def _run(spec: StageSpec, target: Target, name: str, log, started: float) -> Sta
             "the same path in the jobs), or validate an s3:// source"), started)
     result_uri = f"{base}/{uuid.uuid4().hex}/{spec.stage}.json"
     grace = float(os.environ.get(GRACE_ENV) or DEFAULT_GRACE_S)
-    # run_on_target hands over the budget's figures; a direct caller gets the derived budget
-    timeout_s = target.timeout_s or for_spec(spec).timeout_s
+    # run_on_target hands over the budget's figures; a direct caller gets the derived budget,
+    # or, for a stage this machine does not know (the worker may), a bound on the wait only:
+    # the worker's runner derives and enforces the stage's own budget
+    try:
+        timeout_s = target.timeout_s or for_spec(spec).timeout_s
+    except Day0Error:
+        timeout_s = UNKNOWN_HERE_WAIT_S
     deadline_s = timeout_s + grace
     parameters = {"spec": json.loads(spec.model_dump_json()), "result_uri": result_uri}
     # the stage's own log and progress are on its flow run; here a line every 10 s of waiting
