@@ -2,10 +2,9 @@
 
 A target's ``memory_limit_gib`` / ``timeout_s`` win when set. Otherwise each stage's budget is
 derived from the analysis stage's parameter count, the dtypes of the model copies the stage
-holds and its factors (its folder's ``budget.yaml``; the formula: ``day0/data/budgets.yaml``). The
-runner
-kills a stage over its budget and reports why (``StageBudget.exceeded``): verdict ERROR, never a
-worker exhausted by one oversized checkpoint.
+holds and its factors (its folder's ``budget.yaml``; the formula: ``day0/data/budgets.yaml``).
+The runner kills a stage over its budget and reports why (``StageBudget.exceeded``): verdict
+ERROR, never a worker exhausted by one oversized checkpoint.
 """
 
 from __future__ import annotations

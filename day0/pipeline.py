@@ -126,7 +126,7 @@ def conclude(gate_file: GatesFile, target: Target, outcomes: dict[str, StageOutc
     # a stage that cannot run on this kind of target (in-process op replay on a served engine,
     # API smoke tests on a torch target) has no gates here: not applicable, not failed
     inapplicable = {name: f"stage {name} does not run on {target.kind} targets"
-                    for name in stages.names() if target.kind not in stages.get(name).target_kinds}
+                    for name in stages.not_on(target.kind)}
     # a stage may find some of its gates without an object (no baseline to compare with yet)
     for o in outcomes.values():
         if o.ok:

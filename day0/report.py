@@ -191,13 +191,9 @@ def gate_rows(report: Report, markup: bool = False) -> list[dict]:
 def _off_kind(report: Report) -> dict[str, str]:
     """Gate id -> stage, for the gates (not applicable) on metrics of a registered stage that
     does not run on the report's kind of target (an engine stage's on a torch target)."""
-    kind, found = report.target.kind, {}
-    known = set(stages.names())
-    for g in report.gates:
-        stage = g.metric.split(".")[0]
-        if not g.applicable and stage in known and kind not in stages.get(stage).target_kinds:
-            found[g.id] = stage
-    return found
+    elsewhere = set(stages.not_on(report.target.kind))
+    return {g.id: g.metric.split(".")[0] for g in report.gates
+            if not g.applicable and g.metric.split(".")[0] in elsewhere}
 
 
 def headline(report: Report) -> str:

@@ -96,10 +96,7 @@ def execute(spec: StageSpec) -> StageOutcome:
         return StageOutcome(stage=spec.stage, ok=True, result=result.model_dump(mode="json"),
                             metrics=result.metrics(), seconds=time.monotonic() - started)
     except Day0Error as exc:
-        kind = ("config" if isinstance(exc, ConfigError) else
-                "target" if isinstance(exc, TargetFault) else
-                "error" if exc.exit_code == 3 else "input")
-        return StageOutcome(stage=spec.stage, ok=False, failure=kind, error=str(exc),
+        return StageOutcome(stage=spec.stage, ok=False, failure=failure_kind(exc), error=str(exc),
                             exit_code=exc.exit_code, seconds=time.monotonic() - started)
     except (ImportError, importlib.metadata.PackageNotFoundError) as exc:
         # the environment (image, venv) lacks a dependency: not a finding about the target
@@ -163,8 +160,7 @@ def run_stage(spec: StageSpec, *, timeout_s: float | None = None,
         try:
             budget = for_spec(spec, timeout_s=timeout_s, memory_limit_gib=memory_limit_gib)
         except Day0Error as exc:  # an unknown stage, one without budget factors: its outcome
-            kind = "config" if isinstance(exc, ConfigError) else "input"
-            return _failed(spec, kind, str(exc), exc.exit_code, 0.0, [])
+            return _failed(spec, failure_kind(exc), str(exc), exc.exit_code, 0.0, [])
     log = log or (lambda line: None)
     tail: list[str] = []
     started = time.monotonic()
@@ -265,6 +261,13 @@ def _describe_exit(stage: str, code: int) -> tuple[str, str]:
                              "(the kernel's OOM killer sends SIGKILL: check memory)")
         return "crash", f"stage '{stage}' was killed by {name} without a result"
     return "crash", f"stage '{stage}' crashed (exit code {code}) without a result"
+
+
+def failure_kind(exc: Day0Error) -> FailureKind:
+    """What a day0 error raised by or for a stage makes of it (FailureKind)."""
+    return ("config" if isinstance(exc, ConfigError) else
+            "target" if isinstance(exc, TargetFault) else
+            "error" if exc.exit_code == 3 else "input")
 
 
 def _failed(spec, kind, message, code, seconds, tail, budget=None) -> StageOutcome:

@@ -403,12 +403,13 @@ def serve(socket_path: str, keep: dict | None = None) -> None:
 
     from day0 import DATA_DIR
 
-    for name in yaml.safe_load((DATA_DIR / "stagehost.yaml").read_text())["preload"]:
+    plan = yaml.safe_load((DATA_DIR / "stagehost.yaml").read_text())
+    for name in plan["preload"]:
         try:
             __import__(name)
         except Exception:  # noqa: BLE001 - a child imports what is missing, and reports it
             pass
-    for name in yaml.safe_load((DATA_DIR / "stagehost.yaml").read_text()).get("warm") or []:
+    for name in plan.get("warm") or []:
         module, _, function = name.partition(":")
         try:
             getattr(importlib.import_module(module), function)()

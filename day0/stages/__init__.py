@@ -130,10 +130,14 @@ class Stage:
         return bool(self.hook("EXCLUSIVE", False))
 
     @property
+    def builtin(self) -> bool:
+        return BUILTIN.get(self.name) == self.locator
+
+    @property
     def folder(self) -> Path:
         """Where the stage's own files are: its package's folder (a module's: the folder it
         is in)."""
-        if self.name in BUILTIN and self.locator == BUILTIN[self.name]:
+        if self.builtin:
             return Path(__file__).parent / self.name  # known without importing the stage
         return Path(self.module.__file__).parent
 
@@ -146,7 +150,7 @@ class Stage:
         return Path(self._declared("BUDGET") or self.folder / "budget.yaml")
 
     def _declared(self, name: str):
-        if self.name in BUILTIN and self.locator == BUILTIN[self.name]:
+        if self.builtin:
             return None  # the built-ins keep theirs in their folder under the default names
         return self.hook(name)
 
@@ -218,6 +222,11 @@ def get(name: str, locator: str | None = None) -> Stage:
     return Stage(name, found)
 
 
+def not_on(target_kind: str) -> list[str]:
+    """The registered stages that never run on this kind of target (their gates do not apply)."""
+    return [name for name in names() if target_kind not in get(name).target_kinds]
+
+
 def plan(selected: list[str] | None, target_kind: str) -> list[list[str]]:
     """Waves of stage names: each wave runs after the previous one, its stages in parallel.
 
@@ -264,4 +273,4 @@ def plan(selected: list[str] | None, target_kind: str) -> list[list[str]]:
 
 
 __all__ = ["Stage", "ENTRY_POINT_GROUP", "BUILTIN", "register", "unregister", "locators",
-           "names", "get", "plan"]
+           "names", "get", "not_on", "plan"]
