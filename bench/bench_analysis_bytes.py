@@ -36,7 +36,7 @@ def make_llama(folder: Path, *, hidden: int, layers: int, vocab: int, dtype: str
 
 
 def measure(label: str, source: Path) -> dict:
-    from day0.stages import analysis
+    from day0.stages.analysis import core as analysis
     from day0.checkpoint import read_checkpoint
     from day0.contract import StageInputs
     from day0.targets import resolve_target

@@ -35,7 +35,7 @@ TASKS = ["day0_knowledge", "day0_code", "day0_math", "day0_long_context", "day0_
 
 def stage(model: Path, tasks: list[str]) -> tuple[float, int, int]:
     from day0.contract import StageInputs
-    from day0.stages.evaluation import Config, run
+    from day0.stages.evaluation.core import Config, run
     from day0.targets import resolve_target
 
     start = time.monotonic()

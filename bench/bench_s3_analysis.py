@@ -123,7 +123,7 @@ def main(argv=None) -> int:
             upload_s = time.perf_counter() - started
             print(f"uploaded to {uri} in {upload_s:.1f} s (multipart)")
 
-            from day0.stages import analysis
+            from day0.stages.analysis import core as analysis
             from day0.contract import StageInputs
             from day0.storage import s3_client
             from day0.targets import resolve_target

@@ -26,7 +26,7 @@ DEFAULT = ["DeepSeek-V3", "Llama-3.1-8B", "Mixtral-8x7B-v0.1"]
 CHILD = """
 import json, sys
 from day0 import memory
-from day0.stages import scan
+from day0.stages.scan import core as scan
 from day0.contract import StageInputs
 from day0.targets import resolve_target
 r = scan.run(scan.Config(seq_len=int(sys.argv[3]), probe=sys.argv[4] == "1"),

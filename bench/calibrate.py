@@ -96,7 +96,7 @@ def judge(result, target, gates_file):
 
 
 def run_case(source, text, memo, name, dtype, plugins, claim, gates_file):
-    from day0.stages.alignment import Config, run
+    from day0.stages.alignment.core import Config, run
     from day0.contract import StageInputs
     from day0.targets import Target
 
@@ -145,7 +145,7 @@ def row(kind, name, text_name, verdict, gates, seconds, expected=None) -> dict:
 
 def calibrate(source: Path, repeats: int, moe: bool, gates_file, fault_filter=None,
               first_text: Path | None = None) -> list[dict]:
-    from day0.stages.alignment import Memo
+    from day0.stages.alignment.core import Memo
 
     rows = []
     for i, (text_name, text) in enumerate(texts(repeats, first_text)):

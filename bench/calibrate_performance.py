@@ -34,7 +34,7 @@ from day0.contract import StageInputs  # noqa: E402
 from day0.engines.process import launched  # noqa: E402
 from day0.gates import evaluate, load_gates  # noqa: E402
 from day0.stage import StageSpec, execute  # noqa: E402
-from day0.stages.performance import Result  # noqa: E402
+from day0.stages.performance.core import Result  # noqa: E402
 from day0.targets import resolve_target  # noqa: E402
 
 

@@ -128,7 +128,7 @@ def stage_factors(stage: str, factors: BudgetFactors | None = None) -> StageFact
     if not path.is_file():
         raise ConfigError(f"stage '{stage}' declares no resource budget", file=str(path),
                           field="budget", fix="add budget.yaml to the stage's folder (or name "
-                          "one as its BUDGET); day0/data/budgets.yaml explains the factors")
+                          "one as its budget_name); day0/data/budgets.yaml explains the factors")
     return _stage_factors(str(path))
 
 

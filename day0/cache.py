@@ -2,7 +2,7 @@
 
 A repeated validation with nothing changed reuses every stage's outcome. Any change to the
 checkpoint's files (their content, hashed on every run), the target profile (plugins' source
-included), the stage config, the keys of the stages it REQUIRES (never their results, which
+included), the stage config, the keys of the stages it requires (never their results, which
 carry timings), the revision or the stage's code (day0's own code and data, and a plug-in
 stage's package) gives a new key. A stage that does not read another's result is not keyed by
 it: re-running analysis does not invalidate scan. Only successful outcomes are stored.
@@ -11,6 +11,7 @@ it: re-running analysis does not invalidate scan. Only successful outcomes are s
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 from functools import lru_cache
 from pathlib import Path
@@ -49,18 +50,17 @@ def _stage_code(spec: StageSpec) -> str | None:
         return None
     from day0 import stages
 
-    origin = getattr(stages.get(spec.stage, spec.locator).module, "__file__", None)
-    if not origin:
-        return spec.locator
-    folder = Path(origin).parent if Path(origin).name == "__init__.py" else None
-    files = sorted(folder.rglob("*.py")) if folder else [Path(origin)]
+    stage = stages.get(spec.stage, spec.locator)
+    origin = Path(inspect.getfile(type(stage)))
+    # a stage folder: every module in it; a stage in a single module: that module
+    files = sorted(origin.parent.rglob("*.py")) if origin.name == "__init__.py" else [origin]
     return hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
 
 
 def stage_key(spec: StageSpec, weights: str | None = None,
               required: dict[str, str] | None = None) -> str:
     """weights: weights_key(source) when the caller already has it (one LIST per run on s3);
-    required: the cache keys of the stages this one REQUIRES (whose results it reads)."""
+    required: the cache keys of the stages this one requires (whose results it reads)."""
     inputs = spec.inputs
     material = {
         "stage": spec.stage,

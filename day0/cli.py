@@ -24,6 +24,23 @@ def _add_target_args(p: argparse.ArgumentParser) -> None:
     group.add_argument("--target-file", default=None, help="read a single target profile from this YAML file")
 
 
+def _add_stage_options(p: argparse.ArgumentParser) -> None:
+    """The options the registered stages add (day0.contract.Option), each named by its stage."""
+    from day0 import stages
+
+    group = p.add_argument_group("options the stages add (`day0 stages`)")
+    for stage, option in stages.options():
+        kind = {"action": "store_true"} if option.kind == "switch" \
+            else {"default": None, "metavar": option.metavar or option.name.upper()}
+        group.add_argument(option.flag, dest=f"option.{option.name}", help=f"{option.help} "
+                           f"({stage})", **kind)
+
+
+def _stage_option_values(args) -> dict:
+    prefix = "option."
+    return {k[len(prefix):]: v for k, v in vars(args).items() if k.startswith(prefix)}
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="day0", description=(
         "Day-0 validation of an LLM checkpoint on an accelerator target."))
@@ -53,7 +70,6 @@ def _parser() -> argparse.ArgumentParser:
     _add_target_args(p)
     p.add_argument("--gates", default=None, help="gates file (default ./gates.yaml or the shipped one)")
     p.add_argument("--out", default=None, help="folder for report.json and report.md")
-    p.add_argument("--text", default=None, help="evaluation text for alignment (default: built-in)")
     p.add_argument("--config", default=None, help="YAML with per-stage settings: {analysis: {...}, scan: {...}, alignment: {...}}")
     p.add_argument("--no-cache", action="store_true", help="recompute every stage")
     p.add_argument("--stages", default=None, type=lambda v: [s for s in v.split(",") if s],
@@ -63,12 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--revision", default=None, help=(
         "the release's revision: names the results path and keys the reference perplexity "
         "stored for later runs of this model and revision"))
-    p.add_argument("--promote-baseline", action="store_true", help=(
-        "store this run's performance figures as the baseline of this model, revision and "
-        "target (later runs are gated against it)"))
-    p.add_argument("--duration", default=None, metavar="DURATION", help=(
-        "how long the soak stage keeps the engine under load, e.g. 10h, 30m, 1h30m, 90s "
-        "(default 2m; engine targets)"))
+    _add_stage_options(p)
     p.add_argument("--json", action="store_true", help="print report.json instead of the table")
     p.add_argument("--trust-remote-code", action="store_true", help="allow the model's own code (auto_map)")
     p.add_argument("--deployment", default=None, metavar="NAME",
@@ -176,44 +187,43 @@ def _add_stack_parser(sub) -> None:
 
 
 def _inputs(args):
-    from day0 import request
+    from day0 import request_rules
 
-    return request.stage_inputs(args.source, target=args.target, target_file=args.target_file,
+    return request_rules.stage_inputs(args.source, target=args.target, target_file=args.target_file,
                                 trust_remote_code=args.trust_remote_code)
 
 
 def cmd_analyze(args) -> int:
-    from day0.stages import analysis
+    from day0.stages.analysis import core, report
 
-    result = analysis.run(analysis.Config(), _inputs(args))
-    print(json.dumps(result.model_dump(mode="json"), indent=2) if args.json else analysis.summary_text(result))
+    result = core.run(core.Config(), _inputs(args))
+    print(json.dumps(result.model_dump(mode="json"), indent=2) if args.json else report.summary_text(result))
     return 0
 
 
 def cmd_scan(args) -> int:
-    from day0.stages import scan
+    from day0.stages.scan import core
 
-    result = scan.run(scan.Config(probe=not args.no_probe), _inputs(args))
-    print(json.dumps(result.model_dump(mode="json"), indent=2) if args.json else scan.summary_text(result))
+    result = core.run(core.Config(probe=not args.no_probe), _inputs(args))
+    print(json.dumps(result.model_dump(mode="json"), indent=2) if args.json else core.summary_text(result))
     return 0
 
 
 def cmd_validate(args) -> int:
-    from day0 import report as reporting, request
+    from day0 import report as reporting, request_rules
     from day0.orchestration import local
 
     # bad source, target, gates or stage settings: exit 2 before Prefect starts
-    req = request.build(args.source, target=args.target, target_file=args.target_file,
-                        gates=args.gates, out=args.out, config=args.config, text=args.text,
-                        use_cache=not args.no_cache, trust_remote_code=args.trust_remote_code,
-                        revision=args.revision, deployment=args.deployment,
-                        stages=args.stages, promote_baseline=args.promote_baseline,
-                        duration=args.duration)
+    req = request_rules.build(
+        args.source, target=args.target, target_file=args.target_file, gates=args.gates,
+        out=args.out, config=args.config, use_cache=not args.no_cache,
+        trust_remote_code=args.trust_remote_code, revision=args.revision,
+        deployment=args.deployment, stages=args.stages, options=_stage_option_values(args))
     if not args.deployment:
         local.warm_up(req)
     report_json = local.validate_on(args.deployment, req) if args.deployment else local.validate(req)
     report = reporting.Report.model_validate(report_json)
-    code, error = request.exit_status(report)
+    code, error = request_rules.exit_status(report)
     if error is not None:
         print(f"day0: error: {error}", file=sys.stderr)
         return code
@@ -269,19 +279,20 @@ def cmd_stages(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    table = [("STAGE", "RUNS ON", "NEEDS", "FLAGS", "PROVES")]
+    table = [("STAGE", "RUNS ON", "NEEDS", "FLAGS", "OPTIONS", "PROVES")]
     for r in rows:
         flags = [flag for flag, on in (("engine", r["uses_endpoint"]), ("alone", r["exclusive"]))
                  if on]
         table.append((r["name"], "/".join(r["runs_on"]),
                       ", ".join(r["requires"] + [f"after {a}" for a in r["after"]]) or "-",
-                      ",".join(flags) or "-", r["proves"]))
-    widths = [max(len(row[i]) for row in table) for i in range(4)]
+                      ",".join(flags) or "-", " ".join(r["options"]) or "-", r["proves"]))
+    widths = [max(len(row[i]) for row in table) for i in range(5)]
     for row in table:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[4])
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[5])
     print("\nFLAGS: engine = talks to an engine target's server; alone = runs after every other "
-          "stage with nothing else on the machine (it measures time). Stages come from day0, the "
-          "'day0.stages' entry points and day0.stages.register.")
+          "stage with nothing else on the machine (it measures time). OPTIONS: what it adds to "
+          "`day0 validate`. Stages come from day0, the 'day0.stages' entry points and "
+          "day0.stages.register.")
     return 0
 
 

@@ -17,3 +17,10 @@ def seconds(value: str | float | int) -> float:
         raise ValueError(f"{value!r} is not a duration; write e.g. 10h, 30m, 1h30m, 90s")
     h, m, s = (float(g) if g else 0.0 for g in match.groups())
     return h * 3600 + m * 60 + s
+
+
+def positive_seconds(value: str | float | int) -> float:
+    """seconds(value), which must be positive (a load that lasts no time measures nothing)."""
+    if (out := seconds(value)) <= 0:
+        raise ValueError("it must be positive")
+    return out

@@ -121,7 +121,7 @@ class GateResult(BaseModel):
 def metric_catalog() -> dict[str, dict]:
     """Every metric a registered stage can produce: name -> {description, unit, stage}.
 
-    Each stage declares its metrics in its METRICS file (day0.stages), named ``<stage>.*``."""
+    Each stage declares its metrics in its metrics file (day0.contract.Stage.metrics_name), named ``<stage>.*``."""
     from day0 import stages
 
     catalog: dict[str, dict] = {}
@@ -129,7 +129,7 @@ def metric_catalog() -> dict[str, dict]:
         path = stages.get(name).metrics_file
         if not path.is_file():
             raise ConfigError(f"stage '{name}' declares no metrics file", file=str(path),
-                              fix="ship the YAML its METRICS names ({metrics: {NAME: {...}}})")
+                              fix="ship the YAML its metrics_name names ({metrics: {NAME: {...}}})")
         data = yaml.safe_load(path.read_text()) or {}
         for metric, info in (data.get("metrics") or {}).items():
             catalog[metric] = {**(info or {}), "stage": name}

@@ -37,9 +37,7 @@ def check_gates(gate_file: GatesFile, configs: dict, waves: list[list[str]]) -> 
 
     problems = []
     for name in (n for wave in waves for n in wave):
-        hook = stages.get(name).hook("check_gates")
-        if hook:
-            problems += hook(configs.get(name) or {}, gate_file.gates)
+        problems += stages.get(name).check_gates(configs.get(name) or {}, gate_file.gates)
     if problems:
         raise ConfigError.from_problems(problems)
 

@@ -91,8 +91,9 @@ def build(*, source: str, target: Target, reference: Target, outcomes: dict[str,
     evidence, findings = {}, []
     for name, outcome in outcomes.items():
         if outcome.ok and outcome.result is not None:
-            evidence[name] = _hook(name, "evidence", outcome.result) or {}
-            findings += list(_hook(name, "findings", evidence[name]) or [])
+            stage = _stage(name)
+            evidence[name] = stage.evidence(outcome.result) if stage else dict(outcome.result)
+            findings += list(stage.findings(evidence[name]) if stage else [])
     return Report(
         verdict=verdict, source=source, target=target, reference=reference, engine=engine,
         gates=gate_results,
@@ -108,17 +109,13 @@ def build(*, source: str, target: Target, reference: Target, outcomes: dict[str,
     )
 
 
-def _hook(name: str, hook: str, *args):
-    """A stage's report hook (day0.stages), or its default; a stage no longer registered keeps
-    its evidence as it is."""
+def _stage(name: str):
+    """The registered stage of that name; None for one no longer registered (its evidence is
+    kept as it is, its hooks give nothing)."""
     try:
-        stage = stages.get(name)
+        return stages.get(name)
     except Day0Error:
-        return args[0] if hook == "evidence" else None
-    if hook == "evidence":
-        return stage.evidence(*args)
-    fn = stage.hook(hook)
-    return fn(*args) if fn else None
+        return None
 
 
 def _fmt(value) -> str:
@@ -224,7 +221,8 @@ def stage_tables(report: Report) -> dict[str, tuple[str, list[dict]]]:
     """Extra tables the stages show (their `tables` hook): artifact key -> (description, rows)."""
     out: dict[str, tuple[str, list[dict]]] = {}
     for name, result in report.evidence.items():
-        out.update(_hook(name, "tables", result) or {})
+        if stage := _stage(name):
+            out.update(stage.tables(result))
     return out
 
 
@@ -269,7 +267,8 @@ def to_markdown(report: Report, images: dict[str, str] | None = None) -> str:
                                        "budget": _budget(s.budget), "error": s.error or ""}
                                       for n, s in report.stages.items()])]
     for name, result in report.evidence.items():
-        section = _hook(name, "markdown", result, report.gates)
+        stage = _stage(name)
+        section = stage.markdown(result, report.gates) if stage else None
         parts.append(section if section is not None else _metrics_section(report, name))
     return "\n".join(p for p in parts if p)
 
@@ -328,7 +327,7 @@ def plots(report: Report, log=None) -> dict[str, bytes]:
     out: dict[str, bytes] = {}
     for name, result in report.evidence.items():
         try:
-            made = _hook(name, "plots", result) or {}
+            made = stage.plots(result) if (stage := _stage(name)) else {}
         except Exception as exc:  # a figure is evidence shown, never the verdict
             if log:
                 log.warning("stage %s: plots not drawn: %s: %s", name, type(exc).__name__, exc)
@@ -345,7 +344,8 @@ def stage_files(outcomes: dict[str, StageOutcome] | None, log=None) -> dict[str,
         if not outcome.ok or not outcome.result:
             continue
         try:
-            out.update(_hook(name, "files", outcome.result) or {})
+            if stage := _stage(name):
+                out.update(stage.files(outcome.result))
         except Exception as exc:  # evidence kept aside, never the verdict
             if log:
                 log.warning("stage %s: files not written: %s: %s", name, type(exc).__name__, exc)

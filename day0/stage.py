@@ -80,8 +80,8 @@ class StageOutcome(BaseModel):
 
 
 def stage_module(spec: StageSpec):
-    """The stage's module (Config, Result, run): by the spec's locator, else by name."""
-    return stages.get(spec.stage, spec.locator).module
+    """The stage's core (Config, Result, run): by the spec's locator, else by name."""
+    return stages.get(spec.stage, spec.locator).load()
 
 
 def execute(spec: StageSpec) -> StageOutcome:

@@ -114,7 +114,7 @@ class Target(BaseModel):
     name: str = Field(description="Unique name, used as --target NAME.")
     kind: Literal["torch", "engine"] = Field("torch", description=(
         "What the target is, which decides the stages that apply to it (each stage declares "
-        "TARGET_KINDS; day0.stages): torch = the model runs in PyTorch on `device`; engine = "
+        "target_kinds; day0.contract.Stage): torch = the model runs in PyTorch on `device`; engine = "
         "a serving engine behind the OpenAI-compatible API (the `engine` section)."))
     engine: EngineSettings | None = Field(None, description=(
         "With kind: engine, the OpenAI-compatible engine: attached (base_url) or launched "

@@ -22,7 +22,7 @@ from prefect.states import Completed, Failed, State
 from prefect.utilities.annotations import quote
 
 from day0 import gates as gating
-from day0 import identity, labels, pipeline, request, stagehost, stages as registry
+from day0 import identity, labels, pipeline, stagehost, stages as registry
 from day0 import report as reporting
 from day0.contract import StageInputs
 from day0.stage import StageOutcome, interrupt_running
@@ -35,13 +35,10 @@ from tasks.stages import publish_report_task, run_stage_task
 
 
 def _run_name() -> str:
-    """'<model> on <target>' until the revision is known (the flow renames itself then): the
-    resolved target, a target file's profile name included."""
+    """'<model> on <target>' until the flow has resolved its target and the revision, and
+    renames itself (the target is resolved once, in the flow)."""
     params = flow_run.parameters
-    try:
-        target = resolve_target(params.get("target"), params.get("target_file")).name
-    except Exception:  # the flow reports a bad target itself
-        target = Path(params.get("target_file") or "").stem or params.get("target") or "?"
+    target = Path(params.get("target_file") or "").stem or params.get("target") or "?"
     source = str(params.get("source", "?"))
     return f"{params.get('model') or Path(source.rstrip('/')).name} on {target}"
 
@@ -62,21 +59,22 @@ def validate(source: str, target: str | None = "cpu-bf16", target_file: str | No
              gates: str | None = None, out: str | None = None,
              stage_configs: dict[str, dict] | None = None, stages: list[str] | None = None,
              use_cache: bool = True, trust_remote_code: bool = False, model: str | None = None,
-             revision: str | None = None, promote_baseline: bool = False) -> State:
+             revision: str | None = None, options: dict[str, str | bool] | None = None) -> State:
     """Validate the checkpoint at `source` on `target`; ends in the verdict's state with
     report.json (a dict) as its result.
 
     model and revision name the release (day0.identity: default the source's name and a digest
     of its weights); every run is kept under <results>/<model>/<revision>/<target>/runs/<run>/
-    with latest.json naming the newest. promote_baseline: store this run's performance figures
-    as the baseline later runs are compared with (never done otherwise)."""
+    with latest.json naming the newest. options: the stages' own options by name (`day0
+    stages`), e.g. {"promote_baseline": true} stores this run's performance figures as the
+    baseline later runs are compared with (never done otherwise)."""
     logger = get_run_logger()
     start_of_run(logger)  # own this run by pid; crash runs and sweep folders of dead processes
     target_profile = resolve_target(target, target_file)
     if target_profile.runner == "process":  # the host's imports overlap the checks below
         stagehost.prewarm()
     gate_file = gating.load_gates(gates)  # config errors stop the run before any stage
-    configs = request.with_promotion(stage_configs or {}, promote_baseline)
+    configs = registry.apply_options(stage_configs or {}, options)
     pipeline.check_configs(configs)
     waves = registry.plan(stages, target_profile.kind)
     pipeline.check_gates(gate_file, configs, waves)  # e.g. a paired gate its items cannot power

@@ -22,7 +22,8 @@ import pytest
 import yaml
 
 from day0 import stages
-from day0.stages import analysis
+from day0.stages.analysis import core as analysis
+from day0.stages.analysis.report import summary_text
 from day0.stages.analysis.plan import GIB, make_plan
 from day0.contract import StageInputs
 from day0.errors import CheckpointError, InputError
@@ -357,10 +358,10 @@ def test_config_is_strict_and_documented():
 
 
 def test_summary_text(deepseek, llama8b):
-    text = analysis.summary_text(deepseek)
+    text = summary_text(deepseek)
     assert "DeepseekV3ForCausalLM" in text and "MLA" in text and "70,272 B/token" in text
     assert "DOES NOT FIT" in text and "[error] plan_does_not_fit" in text
-    assert "MoE: none (dense)" in analysis.summary_text(llama8b)
+    assert "MoE: none (dense)" in summary_text(llama8b)
 
 
 # ------------------------------------------------------------------------------- plan

@@ -9,7 +9,7 @@ import yaml
 from day0 import budget
 from day0.contract import StageInputs
 from day0.stage import StageSpec, run_stage
-from day0.stages import BUILTIN, get
+from day0.stages import builtin, get
 from day0.targets import resolve_target
 from tests.conftest import MODELS, PLUGINS
 
@@ -23,7 +23,7 @@ def cpu_bf16(**update):
 def own_factors() -> dict:
     """A worker's factors file as data: the shipped globals and every stage's own factors."""
     data = yaml.safe_load(budget.BUDGETS_FILE.read_text())
-    data["stages"] = {name: yaml.safe_load(get(name).budget_file.read_text()) for name in BUILTIN}
+    data["stages"] = {name: yaml.safe_load(get(name).budget_file.read_text()) for name in builtin()}
     return data
 
 
@@ -39,7 +39,7 @@ def tiny_factors(tmp_path, fixed_gib=0.01, fixed_s=600):
 
 def test_every_stage_declares_its_factors_in_its_folder():
     assert budget.load_factors().stages == {}  # the shipped file names no stage
-    for name in BUILTIN:
+    for name in builtin():
         assert get(name).budget_file == get(name).folder / "budget.yaml"
         assert budget.stage_factors(name).fixed_s > 0
 
@@ -59,8 +59,9 @@ def test_a_stage_without_budget_factors_is_a_config_error_naming_its_file(tmp_pa
     from day0 import pipeline, stages
     from day0.errors import ConfigError
 
-    (tmp_path / "budgetless_stage.py").write_text('"""A stage that forgot its budget."""\n'
-                                                  "Config = Result = run = None\n")
+    (tmp_path / "budgetless_stage.py").write_text(
+        '"""A stage that forgot its budget."""\nimport sys\n\nfrom day0.contract import Stage\n'
+        "\n\nclass Budgetless(Stage):\n    def core(self):\n        return sys.modules[__name__]\n")
     import sys
 
     sys.path.insert(0, str(tmp_path))

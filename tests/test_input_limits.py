@@ -84,7 +84,7 @@ def test_huge_layer_counts_are_refused(llama, capsys, layers):
 def test_config_far_bigger_than_its_weights_is_refused_before_building(llama, capsys, monkeypatch):
     """Within every bound, yet 1000x the checkpoint: the model is never built."""
     import day0.modeling
-    from day0.stages import analysis
+    from day0.stages.analysis import core as analysis
 
     def no_build(*args, **kwargs):
         raise AssertionError("the model was built")

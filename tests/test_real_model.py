@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from day0.stages.alignment import Config, Memo, run
+from day0.stages.alignment.core import Config, Memo, run
 from day0.contract import StageInputs
 from day0.gates import GatesFile, evaluate, load_gates
 from day0.targets import Target

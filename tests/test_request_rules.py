@@ -1,4 +1,5 @@
-"""The rules of a validation request live in day0.request (the CLI only parses and dispatches)."""
+"""The rules of a validation request live in day0.request_rules (the CLI only parses and
+dispatches)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from day0 import request
+from day0 import request_rules as request
 from day0.errors import ConfigError, InputError
 from tests.conftest import MODELS
 
@@ -19,11 +20,15 @@ def test_build_checks_and_normalises(tmp_path, monkeypatch):
     monkeypatch.chdir(LLAMA.parent)
     text = tmp_path / "eval.txt"
     text.write_text("some text")
-    req = request.build("tiny-llama", text=str(text), out="out", revision="v1")
+    req = request.build("tiny-llama", options={"text": str(text), "duration": None},
+                        out="out", revision="v1")
     assert req.source == str(LLAMA.resolve()) and req.target == "cpu-bf16"
     assert req.out == str((LLAMA.parent / "out").resolve())
-    stage, setting = request.TEXT_SETTING
-    assert req.stage_configs == {stage: {setting: str(text.resolve())}}
+    # a stage's option travels checked (the file made absolute); the flow sets its setting
+    assert req.options == {"text": str(text.resolve())} and req.stage_configs is None
+    from day0 import stages
+
+    assert stages.apply_options({}, req.options) == {"alignment": {"text_file": str(text.resolve())}}
     params = req.as_parameters()
     # the target always travels: a deployment's own default must not replace it
     assert params["target"] == "cpu-bf16" and params["revision"] == "v1"
@@ -36,7 +41,10 @@ def test_build_checks_and_normalises(tmp_path, monkeypatch):
     ({"config": {"alignmnet": {}}}, ConfigError, "did you mean 'alignment'"),
     ({"config": {"alignment": 3}}, ConfigError, "must map setting names"),
     ({"config": ["alignment"]}, InputError, "must map stage names"),
-    ({"text": "missing.txt"}, InputError, "evaluation text not found"),
+    ({"options": {"text": "missing.txt"}}, ConfigError, "no such file: missing.txt"),
+    ({"options": {"duration": "0s"}}, ConfigError, "bad --duration '0s': it must be positive"),
+    ({"options": {"duraton": "1m"}}, ConfigError, "did you mean 'duration'"),
+    ({"options": {"promote_baseline": "yes"}}, ConfigError, "is a switch"),
     ({"target_file": "target.yaml", "deployment": "day0"}, ConfigError, "--target NAME"),
 ])
 def test_build_refuses_before_any_run(tmp_path, kwargs, error, needle):

@@ -9,7 +9,7 @@ import struct
 import pytest
 
 from day0 import sanity
-from day0.stages import analysis
+from day0.stages.analysis import core as analysis
 from day0.contract import StageInputs
 from day0.targets import resolve_target
 from tests import breakers

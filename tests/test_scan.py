@@ -13,7 +13,7 @@ import torch
 import yaml
 
 from day0 import stages
-from day0.stages import scan
+from day0.stages.scan import core as scan
 from day0.contract import StageInputs
 from day0.errors import CheckpointError, ConfigError
 from day0.targets import Target
@@ -71,7 +71,7 @@ def failing_kernel():
 def test_deepseek_v3_full_size_scan_in_subprocess():
     """671B parameters on meta: MoE and matmul ops found, cpu/float32 probe (time and memory:
     bench/bench_scan.py)."""
-    code = ("import json, sys; from day0.stages import scan; from day0.contract import StageInputs; "
+    code = ("import json, sys; from day0.stages.scan import core as scan; from day0.contract import StageInputs; "
             "from day0.targets import Target; "
             "r = scan.run(scan.Config(), StageInputs(source=sys.argv[1], target=Target("
             "name='cpu-fp32', device='cpu', dtype='float32'))); print(r.model_dump_json())")

@@ -23,18 +23,30 @@ from day0.stage import StageSpec
 from day0.targets import resolve_target
 from tests.conftest import MODELS, ROOT
 
+# the plug-in is one folder: its face (__init__.py), its core, metrics.yaml and budget.yaml
 STAGE_CODE = '''
 """Echo stage (test plug-in): reports the model's parameter count that analysis found, times a
 factor. What it proves: that a plug-in reads a required stage's result. Needs: analysis."""
-from pathlib import Path
+from day0.contract import Option, Stage, import_core
 
+
+class Echo(Stage):
+    requires = ("analysis",)
+    options = (Option("echo_factor", setting="factor", metavar="X",
+                      help="multiply the parameter count by X"),)
+
+    def core(self):
+        return import_core(__name__)
+
+    def markdown(self, evidence, gates):
+        return f"## Echo\\n\\n- parameters seen by the echo stage: {evidence['params']:g}\\n"
+'''
+
+CORE_CODE = '''
+"""The echo stage's core."""
 from pydantic import BaseModel, ConfigDict, Field
 
 from day0.contract import StageInputs, StageResult
-
-REQUIRES = ("analysis",)
-TARGET_KINDS = ("torch",)
-METRICS = Path(__file__).parent / "metrics.yaml"
 
 
 class Config(BaseModel):
@@ -53,10 +65,6 @@ class Result(StageResult):
 def run(config: Config, inputs: StageInputs) -> Result:
     total = inputs.upstream["analysis"]["params"]["total"]
     return Result(params=total * config.factor, source=inputs.source)
-
-
-def markdown(result, gates):
-    return f"## Echo\\n\\n- parameters seen by the echo stage: {result['params']:g}\\n"
 '''
 
 
@@ -67,6 +75,7 @@ def echo_stage(tmp_path, monkeypatch):
     pkg = site / "day0_echo_stage"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text(STAGE_CODE)
+    (pkg / "core.py").write_text(CORE_CODE)
     (pkg / "metrics.yaml").write_text(yaml.safe_dump({"metrics": {"echo.params": {
         "description": "Parameters analysis counted, times factor.", "unit": "count"}}}))
     dist = site / "day0_echo_stage-1.0.dist-info"
@@ -110,18 +119,18 @@ def test_day0_stages_lists_a_plugin_stage_with_what_it_proves_needs_and_runs_on(
                             capture_output=True, text=True, timeout=120, env=dict(os.environ))
     assert listed.returncode == 0, listed.stderr[-2000:]
     rows = {row["name"]: row for row in json.loads(listed.stdout)}
-    assert list(rows)[:len(stages.BUILTIN)] == list(stages.BUILTIN)
+    assert list(rows)[:len(stages.builtin())] == list(stages.builtin())
     assert rows["echo"] == {
         "name": "echo", "proves": "Echo stage (test plug-in): reports the model's parameter "
                                   "count that analysis found, times a factor.",
         "runs_on": ["torch"], "requires": ["analysis"], "after": [], "uses_endpoint": False,
-        "exclusive": False, "locator": "day0_echo_stage"}
+        "exclusive": False, "options": ["--echo-factor"], "locator": "day0_echo_stage"}
     assert rows["performance"]["exclusive"] and rows["smoke"]["runs_on"] == ["engine"]
     table = subprocess.run([sys.executable, "-m", "day0.cli", "stages"], capture_output=True,
                            text=True, timeout=120, env=dict(os.environ)).stdout.splitlines()
-    assert table[0].split() == ["STAGE", "RUNS", "ON", "NEEDS", "FLAGS", "PROVES"]
+    assert table[0].split() == ["STAGE", "RUNS", "ON", "NEEDS", "FLAGS", "OPTIONS", "PROVES"]
     echo = next(line for line in table if line.startswith("echo "))
-    assert echo.split()[:4] == ["echo", "torch", "analysis", "-"]
+    assert echo.split()[:5] == ["echo", "torch", "analysis", "-", "--echo-factor"]
 
 
 def test_registry_api_and_its_errors(echo_stage):
@@ -134,16 +143,16 @@ def test_registry_api_and_its_errors(echo_stage):
         stages.get("ech")
     with pytest.raises(ConfigError, match="does not support 'server' targets"):
         stages.plan(["echo"], "server")
-    stages.register("missing_stage", "no_such_vendor.stage")
-    try:
-        with pytest.raises(InputError, match="not installed"):
-            stages.get("missing_stage").module
-    finally:
-        stages.unregister("missing_stage")
+    with pytest.raises(InputError, match="not installed"):  # checked when it registers
+        stages.register("missing_stage", "no_such_vendor.stage")
+    assert "missing_stage" not in stages.names()
 
 
 @pytest.mark.integration
-def test_plugin_stage_runs_in_the_flow_is_gated_and_reported(echo_stage, prefect_server, tmp_path):
+def test_plugin_stage_runs_in_the_flow_is_gated_and_reported(echo_stage, prefect_server, tmp_path,
+                                                            capsys):
+    """The plug-in folder is the whole change: its metrics, budget and CLI option come with it
+    (acceptance: adding a stage is one new folder plus its gates)."""
     from flows.results import report_of
     from flows.validate import validate as flow
 
@@ -153,7 +162,7 @@ def test_plugin_stage_runs_in_the_flow_is_gated_and_reported(echo_stage, prefect
     source = str(MODELS / "tiny-llama")
     out = tmp_path / "out"
     report = validate(source=source, target="cpu-bf16", stages=["echo"], out=str(out),
-                      gates=gates_file(tmp_path, 1), stage_configs={"echo": {"factor": 2.0}})
+                      gates=gates_file(tmp_path, 1), options={"echo_factor": "2"})
     analysis_total = report["model"]["params"]["total"]
     assert report["verdict"] == "PASS", report["gates"]
     assert report["metrics"]["echo.params"] == 2.0 * analysis_total
@@ -165,10 +174,15 @@ def test_plugin_stage_runs_in_the_flow_is_gated_and_reported(echo_stage, prefect
     on_disk = json.loads((out / "report.json").read_text())
     assert on_disk["gates"][0]["id"] == "echo-params" and on_disk["gates"][0]["passed"]
     assert f"parameters seen by the echo stage: {2.0 * analysis_total:g}" in (out / "report.md").read_text()
-    # the same stage's metric can fail its gate: the verdict follows
-    failed = validate(source=source, target="cpu-bf16", stages=["echo"],
-                      gates=gates_file(tmp_path, 1e12), stage_configs={"echo": {"factor": 2.0}})
+    # the same stage's metric can fail its gate, through its own option on the command line
+    from day0.cli import main
+
+    capsys.readouterr()
+    assert main(["validate", source, "--stages", "echo", "--echo-factor", "2", "--json",
+                 "--gates", gates_file(tmp_path, 1e12)]) == 1
+    failed = json.loads(capsys.readouterr().out)
     assert failed["verdict"] == "FAIL" and not failed["gates"][0]["passed"]
+    assert failed["metrics"]["echo.params"] == 2.0 * analysis_total
     assert failed["stages"]["echo"]["cached"]  # same weights, config and code: reused
     # a bad config of the plug-in is the plug-in's config error, with did-you-mean
     bad = validate(source=source, target="cpu-bf16", stages=["echo"],
@@ -196,7 +210,7 @@ def test_cache_keys_hold_only_what_a_stage_reads(echo_stage):
 
 
 def test_every_stage_folder_says_what_it_proves_and_needs():
-    for name in stages.BUILTIN:
+    for name in stages.builtin():
         doc = importlib.import_module(f"day0.stages.{name}").__doc__ or ""
         assert "What it proves" in doc and "needs" in doc, name
     assert not (ROOT / "day0" / "stages" / "echo").exists()

@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 from day0 import cache, identity, sources, storage
-from day0.stages import analysis
+from day0.stages.analysis import core as analysis
 from day0.checkpoint import read_checkpoint
 from day0.contract import StageInputs
 from day0.errors import CheckpointError, InputError

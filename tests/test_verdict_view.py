@@ -9,13 +9,12 @@ import re
 
 import pytest
 
-from day0 import labels
+from day0 import labels, stages
 from day0.gates import GateResult, load_gates, evaluate, verdict
 from day0.report import (Report, build, closing_lines, gate_rows, headline, plots, to_markdown,
                          verdict_table, write)
 from day0.stage import StageOutcome
-from day0.stages.alignment import findings, tables
-from day0.stages.alignment.report import DEFINITIONS, layer_rows, markdown
+from day0.stages.alignment.report import DEFINITIONS, findings, layer_rows, markdown
 from day0.targets import REFERENCE, resolve_target
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -184,7 +183,7 @@ def test_layer_metric_and_table_agree_and_kl_statistics_are_defined():
     rows = layer_rows(ALIGNMENT)
     assert sum(r["diverged"] != "no" for r in rows) == 2 == sum(l["diverged"] for l in ALIGNMENT["layers"])
     assert "bound" in " ".join(rows[0])  # the tolerance the ratio is held to
-    assert set(tables(ALIGNMENT)) == {"day0-layers"}
+    assert set(stages.get("alignment").tables(ALIGNMENT)) == {"day0-layers"}
     assert findings(ALIGNMENT)[0].startswith("first divergent layer: 2")
     section = markdown(ALIGNMENT, [])
     for term in ("kl_mean", "kl_p99", "kl_max", "scored positions", "below the mean",

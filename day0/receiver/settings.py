@@ -196,10 +196,12 @@ class ReceiverSettings(_Strict):
         if "trust_remote_code" in value:
             raise ValueError("trust_remote_code is set per source, not for every run; write "
                              "trust_remote_code: ['s3://bucket/prefix'] at the top level")
-        if ((value.get("stage_configs") or {}).get("performance") or {}).get("promote_baseline"):
-            raise ValueError("automatic runs never promote a performance baseline; promote "
-                             "one by hand: `day0 baseline promote RUN_FOLDER` or a deployment "
-                             "run with promote_baseline=true")
+        from day0 import stages
+
+        if set_by_hand := stages.by_hand_only(value.get("stage_configs"), value.get("options")):
+            raise ValueError(f"automatic runs never set {', '.join(set_by_hand)} (a stage's "
+                             "by-hand option: `day0 stages`); ask for it by hand: the CLI, or "
+                             "a deployment run with that option")
         unknown = sorted(set(value) - set(FLOW_PARAMETERS))
         if unknown:
             raise ValueError(f"unknown flow parameter(s) {unknown}; known: {list(FLOW_PARAMETERS)}")

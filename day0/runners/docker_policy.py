@@ -91,7 +91,7 @@ def mount_roots(settings: ContainerSettings, target: str, checkpoint: Path | Non
 
 def file_fields(spec: StageSpec | str) -> list[str]:
     """The stage Config's fields that name a host file (by convention: ``*_file``)."""
-    module = stages.get(spec).module if isinstance(spec, str) else stage_module(spec)
+    module = stages.get(spec).load() if isinstance(spec, str) else stage_module(spec)
     return sorted(n for n in module.Config.model_fields if n.endswith("_file"))
 
 

@@ -1,189 +1,73 @@
-"""The stage registry: every stage is a package, found by name, planned from what it requires.
+"""The stage registry: every stage is a folder, found by name, planned from what it requires.
 
-A stage is a module (usually a package ``day0/stages/<name>/``) exposing:
-
-==================  ==========================================================================
-``Config``          pydantic, ``extra="forbid"``: the stage's own settings (stage_configs[name])
-``Result``          pydantic, a :class:`day0.contract.StageResult`: its evidence, as JSON
-``run``             ``run(config, inputs) -> Result``: the pure core, no Prefect inside
-``REQUIRES``        stages whose results it reads (``inputs.upstream[name]``; part of its cache
-                    key); default ``()``
-``AFTER``           stages it only runs after (they must succeed and find the checkpoint sound;
-                    not read, not in its cache key); default ``()``
-``TARGET_KINDS``    target kinds it supports (``Target.kind``); default ``("torch",)``
-``USES_ENDPOINT``   True when it talks to the engine of an engine target
-                    (``inputs.endpoint``: attached or launched by the flow around the run's
-                    waves); such a stage is never cached (a served engine has no digest);
-                    default False
-``METRICS``         YAML declaring the metrics ``Result.metrics()`` may produce; default
-                    ``metrics.yaml`` in the stage's folder
-``BUDGET``          YAML of its resource budget factors (day0.budget.StageFactors; the formula
-                    in ``day0/data/budgets.yaml``); default ``budget.yaml`` in its folder
-``facts``           optional ``facts(result: dict) -> dict``: model facts (architecture, params,
-                    moe, dimensions) for the report, the gates' ``applies_to`` and budgets
-``evidence``        optional ``evidence(result: dict) -> dict``: what report.json keeps under
-                    ``evidence[name]``; default the whole result
-``markdown``        optional ``markdown(result: dict, gates: list) -> str``: its report.md
-                    section; default a table of its metrics
-``tables``          optional ``tables(result: dict) -> dict[key, (description, rows)]``: extra
-                    tables shown as Prefect artifacts (the key gets ``-<model>-<target>``)
-``plots``           optional ``plots(result: dict) -> dict[name, bytes]``: PNG figures, kept as
-                    ``plots/<stage>-<name>.png`` next to report.json (``--out`` and the
-                    published run) and shown inline in the Prefect UI; draw with
-                    :mod:`day0.plots` (matplotlib, Agg, imported only when drawing); a plot
-                    that raises is logged and left out
-``files``           optional ``files(result: dict) -> dict[path, bytes]``: files kept next to
-                    report.json (``--out`` and the published run), e.g. per-item outputs
-                    as JSONL; given the whole result (not the evidence)
-``EXCLUSIVE``       True when it measures time: it runs in a wave of its own after every
-                    other stage (nothing else loads the machine or the engine meanwhile),
-                    and is never cached (it measures the machine as it is now); default False
-``check_gates``     optional ``check_gates(config: dict, gates: list[Gate]) -> list[Problem]``:
-                    before any stage runs, what is wrong with the gates on its metrics given
-                    its config (a paired gate its items cannot power): exit 2
-``findings``        optional ``findings(result: dict) -> list[str]``: one-line findings (e.g.
-                    the first divergent layer) for the report's headline and the CLI
-==================  ==========================================================================
-
-The report hooks get the stage's evidence as report.json keeps it (NaN/inf may be strings).
-
-Stages are found, in this order: the built-ins below, the ``day0.stages`` entry-point group
-(``name = "pkg.module"`` or ``"pkg.module:attr"``; how a vendor package adds a stage without
-touching day0), and :func:`register` at run time. A locator is imported lazily, only when the
-stage is used, so listing stages or checking a gates file never imports torch.
+A stage is a subclass of :class:`day0.contract.Stage` (its face, light) with a lazily imported
+core (Config, Result, run); day0.contract says what each member means. Stages are found, in this
+order: the folders next to this file (day0's own), the ``day0.stages`` entry-point group
+(``name = "pkg.module"`` or ``"pkg.module:Class"``; how a vendor package adds a stage without
+touching day0), and :func:`register` at run time. A face is imported only when its stage is
+asked for, a core only when it runs: listing stages or checking a gates file imports no torch.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import inspect
+import pkgutil
 import sys
-from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import lru_cache
 from pathlib import Path
-from types import ModuleType
-from typing import Callable
 
+from day0.contract import Option, Stage
 from day0.errors import ConfigError, InputError, did_you_mean
 
 ENTRY_POINT_GROUP = "day0.stages"
-BUILTIN = {"analysis": "day0.stages.analysis", "scan": "day0.stages.scan",
-           "alignment": "day0.stages.alignment", "smoke": "day0.stages.smoke",
-           "api_alignment": "day0.stages.api_alignment", "serving": "day0.stages.serving",
-           "evaluation": "day0.stages.evaluation", "performance": "day0.stages.performance",
-           "soak": "day0.stages.soak"}
 _registered: dict[str, str] = {}
 
 
-@dataclass(frozen=True)
-class Stage:
-    """One registered stage: its name, where it lives, and its declared hooks."""
+@lru_cache(maxsize=1)
+def builtin() -> dict[str, str]:
+    """name -> locator of day0's own stages: each folder here is one (nothing else names it)."""
+    return {m.name: f"{__name__}.{m.name}" for m in pkgutil.iter_modules([str(Path(__file__).parent)])
+            if m.ispkg}
 
-    name: str
-    locator: str  # "pkg.module" or "pkg.module:attr"
 
-    @cached_property
-    def module(self) -> ModuleType:
-        module_name, _, attr = self.locator.partition(":")
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name and module_name.startswith(exc.name):
-                raise InputError(f"stage '{self.name}' names module '{module_name}', which is "
-                                 "not installed", field="stage",
-                                 fix="install the package that provides it, or fix its entry "
-                                     f"point in group '{ENTRY_POINT_GROUP}'") from None
-            raise
-        target = getattr(module, attr) if attr else module
-        # a lazy package (contract.lazy_core) declares its core's names: checking them by
-        # hasattr would import the core (torch) into the flow's process for nothing
-        lazy = getattr(getattr(target, "__getattr__", None), "provides", ())
-        missing = [a for a in ("Config", "Result", "run")
-                   if a not in lazy and not hasattr(target, a)]
-        if missing:
-            raise InputError(f"stage '{self.name}' ({self.locator}) lacks {', '.join(missing)}",
-                             field="stage", fix="a stage exposes Config, Result and "
-                                                "run(config, inputs) (see day0.stages)")
-        return target
-
-    def hook(self, name: str, default=None):
-        return getattr(self.module, name, default)
-
-    @property
-    def requires(self) -> tuple[str, ...]:
-        return tuple(self.hook("REQUIRES", ()))
-
-    @property
-    def after(self) -> tuple[str, ...]:
-        return tuple(self.hook("AFTER", ()))
-
-    @property
-    def target_kinds(self) -> tuple[str, ...]:
-        return tuple(self.hook("TARGET_KINDS", ("torch",)))
-
-    @property
-    def uses_endpoint(self) -> bool:
-        return bool(self.hook("USES_ENDPOINT", False))
-
-    @property
-    def exclusive(self) -> bool:
-        return bool(self.hook("EXCLUSIVE", False))
-
-    @property
-    def builtin(self) -> bool:
-        return BUILTIN.get(self.name) == self.locator
-
-    @property
-    def folder(self) -> Path:
-        """Where the stage's own files are: its package's folder (a module's: the folder it
-        is in)."""
-        if self.builtin:
-            return Path(__file__).parent / self.name  # known without importing the stage
-        return Path(self.module.__file__).parent
-
-    @property
-    def metrics_file(self) -> Path:
-        return Path(self._declared("METRICS") or self.folder / "metrics.yaml")
-
-    @property
-    def budget_file(self) -> Path:
-        return Path(self._declared("BUDGET") or self.folder / "budget.yaml")
-
-    def _declared(self, name: str):
-        if self.builtin:
-            return None  # the built-ins keep theirs in their folder under the default names
-        return self.hook(name)
-
-    @property
-    def summary(self) -> str:
-        """What it proves: its docstring's first sentence (a stage's docstring says it)."""
-        paragraph = " ".join((self.module.__doc__ or "").strip().split("\n\n")[0].split())
-        for end in (". ", "? "):
-            if end in paragraph:
-                paragraph = paragraph[:paragraph.index(end) + 1]
-        return paragraph
-
-    def describe(self) -> dict:
-        """What `day0 stages` lists: what it proves, needs and runs on, and how it runs."""
-        return {"name": self.name, "proves": self.summary, "runs_on": list(self.target_kinds),
-                "requires": list(self.requires), "after": list(self.after),
-                "uses_endpoint": self.uses_endpoint, "exclusive": self.exclusive,
-                "locator": self.locator}
-
-    def facts(self, result: dict) -> dict:
-        fn: Callable | None = self.hook("facts")
-        return dict(fn(result)) if fn else {}
-
-    def evidence(self, result: dict) -> dict:
-        fn: Callable | None = self.hook("evidence")
-        return dict(fn(result)) if fn else dict(result)
+def _load(name: str, locator: str) -> Stage:
+    module_name, _, attr = locator.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise InputError(f"stage '{name}' names module '{module_name}', which is not "
+                             "installed", field="stage",
+                             fix="install the package that provides it, or fix its entry point "
+                                 f"in group '{ENTRY_POINT_GROUP}'") from None
+        raise
+    if attr:
+        found = [getattr(module, attr, None)]
+    else:  # the one Stage subclass the module defines
+        found = [c for _, c in inspect.getmembers(module, inspect.isclass)
+                 if issubclass(c, Stage) and c.__module__ == module.__name__]
+    if len(found) != 1 or not (isinstance(found[0], type) and issubclass(found[0], Stage)):
+        raise InputError(f"stage '{name}' ({locator}) defines {len(found) if not attr else 'no'} "
+                         "day0.contract.Stage subclass" + ("es" if len(found) > 1 else ""),
+                         field="stage", fix="define one class Stage subclass in the stage's "
+                                            "__init__.py, or name it as 'pkg.module:Class'")
+    try:
+        return found[0](name, locator)
+    except TypeError as exc:  # an abstract member left out: core()
+        raise InputError(f"stage '{name}' ({locator}): {exc}", field="stage",
+                         fix="a stage defines core() returning its core module "
+                             "(see day0.contract)") from None
 
 
 def register(name: str, locator: str) -> None:
-    """Add (or replace) a stage at run time; child processes get the locator with the spec."""
+    """Add (or replace) a stage at run time, checked now; child processes get the locator with
+    the spec."""
     if not name.isidentifier():
         raise ConfigError(f"stage name '{name}' is not an identifier", field="stage",
                           fix="use letters, digits and underscores")
+    _load(name, locator)
     _registered[name] = locator
 
 
@@ -205,7 +89,7 @@ def _entry_points_on(path: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
 
 def locators() -> dict[str, str]:
     """name -> locator of every stage: built-ins, then entry points, then register()."""
-    return {**BUILTIN, **_entry_points(), **_registered}
+    return {**builtin(), **_entry_points(), **_registered}
 
 
 def names() -> list[str]:
@@ -219,7 +103,7 @@ def get(name: str, locator: str | None = None) -> Stage:
         known = names()
         raise InputError(f"unknown stage '{name}'", field="stage",
                          fix=did_you_mean(name, known).strip() or f"use one of {', '.join(known)}")
-    return Stage(name, found)
+    return _load(name, found)
 
 
 def not_on(target_kind: str) -> list[str]:
@@ -272,5 +156,63 @@ def plan(selected: list[str] | None, target_kind: str) -> list[list[str]]:
     return [wave for wave in waves if wave] + [[n] for n in alone]
 
 
-__all__ = ["Stage", "ENTRY_POINT_GROUP", "BUILTIN", "register", "unregister", "locators",
-           "names", "get", "not_on", "plan"]
+def options() -> list[tuple[str, Option]]:
+    """(stage name, option) of every option the registered stages add to `day0 validate`."""
+    return [(name, option) for name in names() for option in get(name).options]
+
+
+def check_options(values: dict | None) -> dict:
+    """Option values checked and normalised (a file made absolute), unset ones (None, False)
+    left out. An unknown option or a bad value is a ConfigError (exit 2)."""
+    declared = {option.name: option for _, option in options()}
+    out = {}
+    for key, value in (values or {}).items():
+        if key not in declared:
+            raise ConfigError(f"unknown option '{key}'", field="options", fix=did_you_mean(
+                key, list(declared)).strip() or f"use one of {', '.join(declared) or 'none'}")
+        if value is not None and value is not False:
+            out[key] = _checked(declared[key], value)
+    return out
+
+
+def apply_options(configs: dict[str, dict], values: dict | None) -> dict[str, dict]:
+    """Stage settings with the stages' options set (values: option name -> value, checked)."""
+    values = check_options(values)
+    out = {name: dict(settings) for name, settings in configs.items()}
+    for name, option in options():
+        if option.name in values:
+            out.setdefault(name, {})[option.setting] = values[option.name]
+    return out
+
+
+def _checked(option: Option, value):
+    if option.kind == "switch":
+        if value is not True:
+            raise ConfigError(f"option '{option.name}' is a switch", field=option.flag,
+                              fix="set it to true, or leave it out")
+        return True
+    value = str(value)
+    if option.kind == "file":
+        if not Path(value).is_file():
+            raise ConfigError(f"no such file: {value}", field=option.flag,
+                              fix=f"check the {option.flag} path")
+        return str(Path(value).resolve())
+    if option.check is not None:
+        try:
+            option.check(value)
+        except ValueError as exc:
+            raise ConfigError(f"bad {option.flag} {value!r}: {exc}", field=option.flag,
+                              fix=option.help) from None
+    return value
+
+
+def by_hand_only(configs: dict[str, dict] | None, values: dict | None) -> list[str]:
+    """The by-hand-only options (day0.contract.Option) that these settings or values set."""
+    return [option.flag for name, option in options() if option.by_hand_only and (
+        (values or {}).get(option.name) not in (None, False)
+        or ((configs or {}).get(name) or {}).get(option.setting) not in (None, False))]
+
+
+__all__ = ["Stage", "Option", "ENTRY_POINT_GROUP", "builtin", "register", "unregister",
+           "locators", "names", "get", "not_on", "plan", "options", "check_options", "apply_options",
+           "by_hand_only"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from day0.stages.alignment import Config, Result, run
+from day0.stages.alignment.core import Config, Result, run
 from day0.contract import StageInputs
 from day0.errors import ConfigError, TargetFault
 from day0.checkpoint_io import read_config_dict
@@ -216,7 +216,7 @@ def _alignment_gates_failing(result: Result, claim: str = "faithful") -> set[str
 def test_rope_base_and_expert_swap_fail_on_every_fixture(fixture, eval_text):
     """Faults that absolute thresholds tuned on the fixtures let through (RoPE base 10 % low:
     KL 7e-4 on DeepSeek) fail against the control; the control itself passes."""
-    from day0.stages.alignment import Memo
+    from day0.stages.alignment.core import Memo
 
     source = PLUGINS.parents[0] / "fixtures" / "models" / fixture
     memo = Memo()
@@ -240,7 +240,8 @@ def test_a_memo_judges_a_target_again_under_another_claim_without_a_forward(tiny
                                                                            monkeypatch):
     """The last target is kept with the reference and control: judged again (another claim),
     no model is loaded and no window runs, and the result equals a run without the memo."""
-    from day0.stages.alignment import Memo, sides
+    from day0.stages.alignment.core import Memo
+    from day0.stages.alignment import sides
 
     memo = Memo()
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from day0.contract import StageInputs
-from day0.stages.alignment import Config, run
+from day0.stages.alignment.core import Config, run
 from day0.stages.alignment import sides
 from day0.targets import Target
 
@@ -156,7 +156,7 @@ def test_a_bank_on_the_object_store_survives_a_restart(s3_server, monkeypatch, t
     env["DAY0_CACHE_DIR"] = str(tmp_path / "second")  # a restarted machine: nothing local
     script = (
         "import sys, json\n"
-        "from day0.stages.alignment import Config, run\n"
+        "from day0.stages.alignment.core import Config, run\n"
         "from day0.contract import StageInputs\n"
         "from day0.targets import Target\n"
         f"c = Config(max_windows=2, seq_len=64, generation_prompts=2, new_tokens=6, "

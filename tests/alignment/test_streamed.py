@@ -17,7 +17,7 @@ from day0 import memory
 from day0.contract import StageInputs
 from day0.errors import ConfigError
 from day0.modeling import load_pretrained
-from day0.stages.alignment import Config, run
+from day0.stages.alignment.core import Config, run
 from day0.stages.alignment.layers import Capture
 from day0.targets import Target
 from day0.torchkit.streamed import StreamedModel

@@ -40,7 +40,7 @@ def _inputs(endpoint, source=TINY_LLAMA) -> StageInputs:
 
 
 def _run(endpoint, source=TINY_LLAMA, **config):
-    from day0.stages.api_alignment import Config, run
+    from day0.stages.api_alignment.core import Config, run
 
     return run(Config(text_file=str(HELDOUT), **config), _inputs(endpoint, source))
 
@@ -50,7 +50,7 @@ def _run(endpoint, source=TINY_LLAMA, **config):
 @pytest.fixture(scope="module")
 def correct(tiny_llama_engine):
     """The stage through the runner's contract (spec in, JSON out), then as its Result."""
-    from day0.stages.api_alignment import Result
+    from day0.stages.api_alignment.core import Result
 
     outcome = execute(StageSpec(stage="api_alignment", config={"text_file": str(HELDOUT)},
                                 inputs=_inputs(tiny_llama_engine)))
@@ -89,7 +89,9 @@ def test_windows_reach_the_served_context(correct):
 @pytest.mark.engine
 def test_metrics_are_declared_and_the_report_hooks_work(correct):
     from day0 import stages
-    from day0.stages import api_alignment as stage
+    from day0 import stages
+
+    stage = stages.get("api_alignment")
 
     declared = yaml.safe_load(stages.get("api_alignment").metrics_file.read_text())["metrics"]
     assert set(correct.metrics()) == set(declared)
@@ -222,7 +224,7 @@ def test_in_process_chunks_over_a_cache_equal_one_forward():
 
 def test_an_engine_target_without_an_endpoint_is_a_config_error():
     from day0.errors import ConfigError
-    from day0.stages.api_alignment import Config, run
+    from day0.stages.api_alignment.core import Config, run
 
     with pytest.raises(ConfigError, match="needs an engine target and its endpoint"):
         run(Config(), _inputs(None))

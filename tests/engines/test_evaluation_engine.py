@@ -18,7 +18,7 @@ pytestmark = pytest.mark.engine
 
 
 def run_stage(target, endpoint=None):
-    from day0.stages.evaluation import Result
+    from day0.stages.evaluation.core import Result
 
     outcome = execute(StageSpec(stage="evaluation", config={},
                                 inputs=StageInputs(source=str(TINY_LLAMA), target=target,

@@ -46,7 +46,7 @@ def workloads_file(tmp_path_factory):
 
 
 def measure(model, endpoint, store, workloads_file, **config):
-    from day0.stages.performance import Result
+    from day0.stages.performance.core import Result
 
     outcome = execute(StageSpec(stage="performance",
                                 config={"baseline_store": str(store),

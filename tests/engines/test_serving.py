@@ -18,7 +18,7 @@ from day0 import stages
 from day0.contract import StageInputs
 from day0.engines.client import EngineProtocolError, EngineStartError
 from day0.errors import ConfigError
-from day0.stages import serving
+from day0.stages.serving import core as serving
 from day0.stages.serving import runs as gen
 from day0.stages.serving import variants as var
 from day0.stages.serving.compare import agreement, worst

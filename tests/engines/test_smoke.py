@@ -18,7 +18,8 @@ from day0.engines.client import EngineUnreachable
 from day0.engines.process import free_port
 from day0.engines.settings import Endpoint
 from day0.errors import ConfigError
-from day0.stages import smoke
+from day0.stages.smoke import core as smoke
+from day0.stages.smoke import report as smoke_report
 from day0.stages.smoke.checks import Session
 from day0.stages.smoke.load import concurrency_check, overlong_prompt
 from day0.stages.smoke.parity import (chat_ids, chat_steps, compare_ids, completion_steps,
@@ -176,10 +177,10 @@ def test_metrics_are_the_declared_ones_and_not_applicable_is_loud():
     assert metrics["smoke.tokenizer.mismatches"] == 1
     assert metrics["smoke.chat_template.mismatches"] == 0  # parity of absence: nothing invented
     evidence = result.model_dump(mode="json")
-    lines = smoke.findings(evidence)
+    lines = smoke_report.findings(evidence)
     assert lines[0].startswith("smoke: tokenizer.parity failed") and len(lines) == 2
     assert "not applicable" in lines[1]
-    text = smoke.markdown(evidence, [])
+    text = smoke_report.markdown(evidence, [])
     assert "**FAIL**" in text and "special:<\\|bos\\|>" in text and "n/a" in text
 
 
@@ -223,7 +224,7 @@ def test_every_check_passes_on_the_correct_engine(tiny_llama_engine, tokenizer):
                                         "stream_matches", "stop")} <= names
     assert result.tokenizer.via == "/tokenize" and result.overlong.status == 400
     assert result.overlong.prompt_tokens > result.overlong.max_model_len == 256
-    assert smoke.findings(result.model_dump(mode="json")) == []
+    assert smoke_report.findings(result.model_dump(mode="json")) == []
 
 
 @pytest.mark.engine

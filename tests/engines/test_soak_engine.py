@@ -26,7 +26,7 @@ FAULTS = ROOT / "tests" / "fixtures" / "vllm_faults"
 
 
 def soak(endpoint, target=None, **config):
-    from day0.stages.soak import Result
+    from day0.stages.soak.core import Result
 
     outcome = execute(StageSpec(stage="soak", config={"duration": "30s",
                                                       "sample_interval_s": 1.0, **config},

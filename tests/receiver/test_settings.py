@@ -75,7 +75,8 @@ def test_every_missing_secret_named_at_once(monkeypatch, capsys):
     ("limits: {header_timeout_s: 0}\n", "limits.header_timeout_s.*greater than 0"),
     ("checks: {timeout: 3}\n", "checks.*unknown field 'timeout'"),
     ("flow_parameters: {stage_configs: {performance: {promote_baseline: true}}}\n",
-     "never promote a performance baseline"),
+     "never set --promote-baseline"),
+    ("flow_parameters: {options: {promote_baseline: true}}\n", "never set --promote-baseline"),
 ])
 def test_bad_settings(tmp_path, text, why):
     cfg = tmp_path / "r.yaml"

@@ -27,29 +27,26 @@ the same checkpoint: no reference or control forward (sides.py decides). Runs af
 
 from __future__ import annotations
 
-from day0.contract import lazy_core
-
-from day0.stages.alignment.plots import plots
-from day0.stages.alignment.report import (evidence, findings, first_divergent_layer_line,
-                                          layer_rows, markdown)
-
-REQUIRES: tuple[str, ...] = ()
-AFTER = ("analysis",)
-TARGET_KINDS = ("torch",)
+from day0.contract import Option, Stage, import_core
+from day0.stages.alignment import plots, report
 
 
-def tables(result: dict) -> dict:
-    """Prefect table artifacts: the per-layer errors (target, control, ratio, bound)."""
-    rows = layer_rows(result)
-    return {"day0-layers": ("Per-layer relative error, target and control vs reference; a layer "
-                            "diverges when ratio low exceeds its bound", rows)} if rows else {}
+class Alignment(Stage):
+    after = ("analysis",)
+    options = (Option("text", setting="text_file", kind="file", metavar="FILE",
+                      help="evaluation text for alignment (default: built-in)"),)
 
+    def core(self):
+        return import_core(__name__)  # torch and transformers: only when it runs
 
-CORE = ("Config", "Result", "run", "Memo")
+    evidence = staticmethod(report.evidence)
+    findings = staticmethod(report.findings)
+    markdown = staticmethod(report.markdown)
+    plots = staticmethod(plots.plots)
 
-
-__getattr__ = lazy_core(__name__, CORE)  # the core imports torch: only when it runs
-
-
-__all__ = ["REQUIRES", "AFTER", "TARGET_KINDS", "evidence", "markdown", "tables", "plots",
-           "findings", "first_divergent_layer_line"]
+    def tables(self, result: dict) -> dict:
+        """Prefect table artifacts: the per-layer errors (target, control, ratio, bound)."""
+        rows = report.layer_rows(result)
+        return {"day0-layers": ("Per-layer relative error, target and control vs reference; a "
+                                "layer diverges when ratio low exceeds its bound", rows)} \
+            if rows else {}

@@ -11,13 +11,14 @@ from day0.errors import ConfigError, InputError, StageError
 def build(source: str, dtypes: list[str], *, config: str | None = None, text: str | None = None,
           trust_remote_code: bool = False) -> list[str]:
     """One line per dtype: where the bank is and its size. Raises ConfigError/InputError (exit 2) or StageError (3)."""
-    from day0 import request
+    from day0 import request_rules, stages
     from day0.contract import StageInputs
     from day0.stage import StageSpec, execute
     from day0.targets import Target
 
-    settings = request.stage_configs(config, text).get("alignment", {})
-    source = request.check_source(source)
+    configs = stages.apply_options(request_rules.stage_configs(config), {"text": text})
+    settings = configs.get("alignment", {})
+    source = request_rules.check_source(source)
     lines = []
     for dtype in dtypes:
         target = Target(name=f"cpu-{dtype}", device="cpu", dtype=dtype)

@@ -28,21 +28,20 @@ analysis; reads no other stage's result.
 
 from __future__ import annotations
 
-from day0.contract import lazy_core
-
-from day0.stages.api_alignment.plots import plots
-from day0.stages.api_alignment.report import evidence, findings, markdown, tables
-
-REQUIRES: tuple[str, ...] = ()
-AFTER = ("analysis",)
-TARGET_KINDS = ("engine",)
-USES_ENDPOINT = True
-
-CORE = ("Config", "Result", "run")
+from day0.contract import Stage, import_core
+from day0.stages.api_alignment import plots, report
 
 
-__getattr__ = lazy_core(__name__, CORE)  # the core imports torch: only when it runs
+class ApiAlignment(Stage):
+    after = ("analysis",)
+    target_kinds = ("engine",)
+    uses_endpoint = True
 
+    def core(self):
+        return import_core(__name__)  # torch and transformers: only when it runs
 
-__all__ = ["REQUIRES", "AFTER", "TARGET_KINDS", "USES_ENDPOINT", "evidence", "markdown",
-           "tables", "plots", "findings"]
+    evidence = staticmethod(report.evidence)
+    findings = staticmethod(report.findings)
+    markdown = staticmethod(report.markdown)
+    tables = staticmethod(report.tables)
+    plots = staticmethod(plots.plots)

@@ -18,21 +18,22 @@ endpoint. Runs after analysis; reads no other stage's result.
 
 from __future__ import annotations
 
-from day0.contract import lazy_core
-
-from day0.stages.evaluation.preflight import check_gates
-from day0.stages.evaluation.report import evidence, files, findings, markdown, plots, tables
-
-REQUIRES: tuple[str, ...] = ()
-AFTER = ("analysis",)
-TARGET_KINDS = ("torch", "engine")
-USES_ENDPOINT = True
-
-CORE = ("Config", "Result", "run")
+from day0.contract import Stage, import_core
+from day0.stages.evaluation import preflight, report
 
 
-__getattr__ = lazy_core(__name__, CORE)  # the core imports torch: only when it runs
+class Evaluation(Stage):
+    after = ("analysis",)
+    target_kinds = ("torch", "engine")
+    uses_endpoint = True
 
+    def core(self):
+        return import_core(__name__)  # torch, transformers and lm-eval: only when it runs
 
-__all__ = ["REQUIRES", "AFTER", "TARGET_KINDS", "USES_ENDPOINT", "check_gates", "evidence",
-           "markdown", "tables", "plots", "findings", "files"]
+    check_gates = staticmethod(preflight.check_gates)
+    evidence = staticmethod(report.evidence)
+    files = staticmethod(report.files)
+    findings = staticmethod(report.findings)
+    markdown = staticmethod(report.markdown)
+    plots = staticmethod(report.plots)
+    tables = staticmethod(report.tables)

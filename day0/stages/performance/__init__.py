@@ -20,15 +20,26 @@ What it needs: an engine target and its endpoint, the checkpoint's tokenizer, th
 
 from __future__ import annotations
 
-from day0.stages.performance.core import run
-from day0.stages.performance.report import evidence, files, findings, markdown, plots, tables
-from day0.stages.performance.result import Config, Result
+from day0.contract import Option, Stage, import_core
+from day0.stages.performance import report
 
-REQUIRES: tuple[str, ...] = ()
-AFTER = ("analysis",)
-TARGET_KINDS = ("engine", "torch")
-USES_ENDPOINT = True
-EXCLUSIVE = True
 
-__all__ = ["Config", "Result", "run", "REQUIRES", "AFTER", "TARGET_KINDS", "USES_ENDPOINT",
-           "EXCLUSIVE", "evidence", "markdown", "tables", "plots", "findings", "files"]
+class Performance(Stage):
+    after = ("analysis",)
+    target_kinds = ("engine", "torch")
+    uses_endpoint = True
+    exclusive = True
+    options = (Option("promote_baseline", setting="promote_baseline", kind="switch",
+                      by_hand_only=True, help=(
+                          "store this run's performance figures as the baseline of this model, "
+                          "revision and target (later runs are gated against it)")),)
+
+    def core(self):
+        return import_core(__name__)
+
+    evidence = staticmethod(report.evidence)
+    files = staticmethod(report.files)
+    findings = staticmethod(report.findings)
+    markdown = staticmethod(report.markdown)
+    plots = staticmethod(report.plots)
+    tables = staticmethod(report.tables)

@@ -35,14 +35,18 @@ behaves. What it needs: the endpoint and the checkpoint's tokenizer files; no to
 
 from __future__ import annotations
 
-from day0.stages.smoke.core import run
-from day0.stages.smoke.report import findings, markdown, tables
-from day0.stages.smoke.result import Config, Result
+from day0.contract import Stage, import_core
+from day0.stages.smoke import report
 
-REQUIRES: tuple[str, ...] = ()
-AFTER = ("analysis",)
-TARGET_KINDS = ("engine",)
-USES_ENDPOINT = True
 
-__all__ = ["Config", "Result", "run", "REQUIRES", "AFTER", "TARGET_KINDS", "USES_ENDPOINT",
-           "markdown", "findings", "tables"]
+class Smoke(Stage):
+    after = ("analysis",)
+    target_kinds = ("engine",)
+    uses_endpoint = True
+
+    def core(self):
+        return import_core(__name__)
+
+    findings = staticmethod(report.findings)
+    markdown = staticmethod(report.markdown)
+    tables = staticmethod(report.tables)

@@ -19,15 +19,24 @@ machine), the checkpoint's tokenizer, the engine venv (the load generator). Runs
 
 from __future__ import annotations
 
-from day0.stages.soak.core import run
-from day0.stages.soak.report import findings, markdown, plots, tables
-from day0.stages.soak.result import Config, Result
+from day0.contract import Option, Stage, import_core
+from day0.durations import positive_seconds
+from day0.stages.soak import report
 
-REQUIRES: tuple[str, ...] = ()
-AFTER = ("analysis",)
-TARGET_KINDS = ("engine",)
-USES_ENDPOINT = True
-EXCLUSIVE = True
 
-__all__ = ["Config", "Result", "run", "REQUIRES", "AFTER", "TARGET_KINDS", "USES_ENDPOINT",
-           "EXCLUSIVE", "markdown", "tables", "plots", "findings"]
+class Soak(Stage):
+    after = ("analysis",)
+    target_kinds = ("engine",)
+    uses_endpoint = True
+    exclusive = True
+    options = (Option("duration", setting="duration", metavar="DURATION", check=positive_seconds,
+                      help="how long the soak stage keeps the engine under load, e.g. 10h, 30m, "
+                           "1h30m, 90s (default 2m; engine targets)"),)
+
+    def core(self):
+        return import_core(__name__)
+
+    findings = staticmethod(report.findings)
+    markdown = staticmethod(report.markdown)
+    plots = staticmethod(report.plots)
+    tables = staticmethod(report.tables)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from day0.contract import Row, StageResult
-from day0.durations import seconds
+from day0.durations import positive_seconds, seconds
 from day0.stages.soak.trend import Trend
 
 class Config(BaseModel):
@@ -43,8 +43,7 @@ class Config(BaseModel):
     @field_validator("duration")
     @classmethod
     def _duration(cls, value):
-        if seconds(value) <= 0:
-            raise ValueError("duration must be positive")
+        positive_seconds(value)
         return value
 
     @property

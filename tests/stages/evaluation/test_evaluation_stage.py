@@ -36,7 +36,7 @@ def store(s3_server):
 
 
 def run_stage(store: str, *plugins: str):
-    from day0.stages.evaluation import Result
+    from day0.stages.evaluation.core import Result
 
     config = {"business_file": str(EXAMPLE), "reference_store": store}
     outcome = execute(StageSpec(stage="evaluation", config=config,
@@ -94,7 +94,7 @@ def test_the_report_records_what_reproduces_it(correct):
     for task in correct.tasks:
         assert len(task.config_hash) == 16 and len(task.data_hash) == 16
         assert task.n_shot == 0 and task.version is not None
-    from day0.stages.evaluation import files
+    from day0.stages.evaluation.report import files
 
     written = files(correct.model_dump(mode="json"))
     rows = [json.loads(line) for line in written["evaluation/day0_knowledge.jsonl"].splitlines()]

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timing  # a clean repeat must not look slower: nothing 
 
 
 def profile(model, store, *plugins, **config):
-    from day0.stages.performance import Result
+    from day0.stages.performance.core import Result
 
     target = Target(name="cpu-bf16", device="cpu", dtype="bfloat16",
                     plugins=[str(PLUGINS / p) for p in plugins])
@@ -59,7 +59,7 @@ def test_every_workload_and_batch_is_profiled_and_promoted(promoted):
 
 
 def test_the_report_shows_the_profile_table_and_plot(promoted):
-    from day0.stages.performance import markdown, plots, tables
+    from day0.stages.performance.report import markdown, plots, tables
 
     data = promoted.model_dump(mode="json")
     text = markdown(data)

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from day0.cli import main
-from day0.request import with_promotion
+from day0 import stages
+from day0.cli import _stage_option_values, main
 from day0.stages.performance import baseline
 from tests.conftest import MODELS
 
@@ -47,9 +47,15 @@ def test_a_run_with_failed_requests_or_no_performance_is_refused_with_exit_2(tmp
 
 
 def test_promotion_is_a_setting_of_the_performance_stage_only_when_asked():
-    assert with_promotion({"alignment": {"x": 1}}, False) == {"alignment": {"x": 1}}
-    assert with_promotion({"performance": {"seed": 3}}, True) == {
+    """The performance stage declares the option; the registry sets it, and only when asked."""
+    assert stages.apply_options({"alignment": {"x": 1}}, {"promote_baseline": False}) == {
+        "alignment": {"x": 1}}
+    assert stages.apply_options({"performance": {"seed": 3}}, {"promote_baseline": True}) == {
         "performance": {"seed": 3, "promote_baseline": True}}
+    assert stages.by_hand_only(None, {"promote_baseline": True}) == ["--promote-baseline"]
+    assert stages.by_hand_only({"performance": {"promote_baseline": True}}, None) == [
+        "--promote-baseline"]
+    assert stages.by_hand_only({"performance": {"seed": 3}}, {"duration": "1m"}) == []
 
 
 @pytest.mark.parametrize("flag", [[], ["--promote-baseline"]])
@@ -57,4 +63,4 @@ def test_validate_accepts_the_flag(flag):
     from day0.cli import _parser
 
     args = _parser().parse_args(["validate", "x", *flag])
-    assert args.promote_baseline is bool(flag)
+    assert _stage_option_values(args)["promote_baseline"] is bool(flag)
