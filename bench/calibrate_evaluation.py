@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 PLUGINS = ROOT / "tests" / "plugins"
-EXAMPLE = ROOT / "day0" / "data" / "evaluation" / "business_example.jsonl"
+EXAMPLE = ROOT / "day0" / "stages" / "evaluation" / "data" / "business_example.jsonl"
 
 CASES = [  # name, dtype, plugins, must pass
     ("bf16", "bfloat16", [], True),

@@ -1,4 +1,4 @@
-"""Write day0's bundled lm-eval tasks (evaluation stage) into day0/data/evaluation/.
+"""Write day0's bundled lm-eval tasks (evaluation stage) into day0/stages/evaluation/data/.
 
 Deterministic (fixed seeds, sorted inputs, stdlib only): rerunning gives byte-identical files.
 One small multiple-choice task per capability category (4 choices, answer = index):
@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "tests" / "fixtures" / "text" / "train.txt"
 EVAL_TEXT = ROOT / "day0" / "data" / "eval_text.txt"
-DEFAULT_OUT = ROOT / "day0" / "data" / "evaluation"
+DEFAULT_OUT = ROOT / "day0" / "stages" / "evaluation" / "data"
 SEED = 20240601
 N_ITEMS = 120
 MAX_PROMPT_CHARS = 380  # agent prompts: ~190 tokens of the fixtures' BPE (~2 chars a token)

@@ -16,7 +16,7 @@ class Config(BaseModel):
 
     tasks: list[str] = Field(list(BUNDLED), description=(
         "lm-eval task names: day0's bundled ones (day0_knowledge, day0_code, day0_math, "
-        "day0_long_context, day0_agent; YAML + JSONL in day0/data/evaluation/tasks), tasks "
+        "day0_long_context, day0_agent; YAML + JSONL in day0/stages/evaluation/data/tasks), tasks "
         "found in include_path, or any task of lm-eval's own registry (arc_easy, hellaswag, "
         "gsm8k, mmlu, ...) whose dataset is in the local datasets cache (README, "
         "'Evaluation offline')."))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-FILLER = Path(__file__).resolve().parents[2] / "data" / "evaluation" / "long_context_filler.txt"
+FILLER = Path(__file__).parent / "data" / "long_context_filler.txt"
 KEYS = ["amber", "birch", "cedar", "delta", "ember", "flint", "grove", "haven", "ivory", "jasper",
         "karst", "lumen", "maple", "nectar", "onyx", "pearl", "quartz", "raven", "sable", "topaz"]
 LOW, HIGH = 0.25, 0.95

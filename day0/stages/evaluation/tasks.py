@@ -1,5 +1,5 @@
 """Which lm-eval tasks run and where their files are: day0's bundled tasks (YAML + JSONL in
-day0/data/evaluation/tasks; the long-context one built for the model's context), a business
+day0/stages/evaluation/data/tasks; the long-context one built for the model's context), a business
 set, a user's include_path, lm-eval's own registry. Everything is written into one run folder
 that lm-eval's TaskManager reads (include_path), with absolute data paths."""
 
@@ -12,12 +12,11 @@ from pathlib import Path
 
 import yaml
 
-from day0 import DATA_DIR
 from day0.errors import ConfigError
 from day0.stages.evaluation import business
 from day0.stages.evaluation.config import BUNDLED, Config
 
-TASKS_DIR = DATA_DIR / "evaluation" / "tasks"
+TASKS_DIR = Path(__file__).parent / "data" / "tasks"
 LONG_CONTEXT = "day0_long_context"
 
 

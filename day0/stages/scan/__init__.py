@@ -7,7 +7,7 @@
    Each op is ``covered`` (ran on the device), ``uncovered`` (raised there, or missing from the
    manifest), ``unprobed`` (needed at full size, never exercised by the probe) or ``manifest``
    (listed as supported). coverage = (covered + manifest) / all.
-3. Ops outside ``day0/data/common_ops.yaml`` are long-tail: the first to lack a kernel on a new
+3. Ops outside ``day0/stages/scan/common_ops.yaml`` are long-tail: the first to lack a kernel on a new
    backend.
 
 Before the forward, with weights present, every tensor's name and shape in the safetensors

@@ -11,14 +11,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from day0 import DATA_DIR
 from day0.contract import StageInputs, StageResult
 from day0.errors import ConfigError
 from day0 import memory, progress
 from day0.stages.scan.match import CheckpointMatch, match_checkpoint
 from day0.yamlio import read_mapping
 
-DATA = DATA_DIR
+DATA = Path(__file__).parent  # its own op lists
 Status = Literal["covered", "uncovered", "unprobed", "manifest"]
 
 
@@ -60,7 +59,7 @@ class OpRow(BaseModel):
     probe_count: int = Field(0, description="Calls in the probe forward on the target.")
     dtypes: list[str] = Field(description="dtypes of its input and output tensors (full size).")
     module: str | None = Field(None, description="Model module class it first ran in.")
-    long_tail: bool = Field(description="Not in day0/data/common_ops.yaml.")
+    long_tail: bool = Field(description="Not in day0/stages/scan/common_ops.yaml.")
     status: Status = Field(description="covered | uncovered | unprobed | manifest.")
     error: str | None = Field(None, description="Why it is uncovered.")
 

@@ -15,7 +15,7 @@ checkpoint's own tokenizer (transformers, day0's venv) as the reference:
                  (a greedy continuation need not be the canonical tokenization of its text);
 * detokenize   - the checkpoint tokenizer decodes the generated ids to the engine's text;
 * tokenizer    - the engine's ids (/tokenize, or prompt_token_ids of completions) equal
-                 ``tokenizer(text, add_special_tokens=True)`` over day0/data/smoke's hard texts
+                 ``tokenizer(text, add_special_tokens=True)`` over day0/stages/smoke/data's hard texts
                  plus the checkpoint's own special-token strings; each mismatch is evidence;
 * chat_template - the engine's ids of messages equal ``apply_chat_template(messages,
                  add_generation_prompt=True, tokenize=True)`` over the bundled conversations; a

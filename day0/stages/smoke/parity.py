@@ -12,10 +12,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from day0 import DATA_DIR
 from day0.errors import ConfigError
 
-SMOKE_DATA = DATA_DIR / "smoke"
+SMOKE_DATA = Path(__file__).parent / "data"
 TEXTS_FILE = SMOKE_DATA / "tokenizer_texts.jsonl"
 CONVERSATIONS_FILE = SMOKE_DATA / "conversations.jsonl"
 TOKEN_ID_PREFIX = "token_id:"  # vLLM's return_tokens_as_token_ids spelling of a token

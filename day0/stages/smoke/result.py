@@ -44,10 +44,10 @@ class Config(BaseModel):
         "How the engine's token ids are read: its /tokenize endpoint, the prompt_token_ids of a "
         "one-token completion, or auto (/tokenize, else completions when it answers 404)."))
     texts_file: str | None = Field(None, description=(
-        "JSONL of hard tokenizer texts {id, text}; default day0/data/smoke/tokenizer_texts.jsonl. "
+        "JSONL of hard tokenizer texts {id, text}; default day0/stages/smoke/data/tokenizer_texts.jsonl. "
         "The checkpoint's own special-token strings are always added."))
     conversations_file: str | None = Field(None, description=(
-        "JSONL of conversations {id, messages}; default day0/data/smoke/conversations.jsonl."))
+        "JSONL of conversations {id, messages}; default day0/stages/smoke/data/conversations.jsonl."))
     overlong_margin: int = Field(8, ge=1, description=(
         "Tokens beyond the engine's max_model_len in the over-long prompt."))
     concurrency: int = Field(16, ge=1, le=256, description="Concurrent requests (threads).")

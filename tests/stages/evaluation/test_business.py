@@ -7,11 +7,11 @@ import json
 import pytest
 import yaml
 
-from day0 import DATA_DIR
 from day0.errors import InputError
 from day0.stages.evaluation import business
+from tests.conftest import ROOT
 
-EXAMPLE = DATA_DIR / "evaluation" / "business_example.jsonl"
+EXAMPLE = ROOT / "day0" / "stages" / "evaluation" / "data" / "business_example.jsonl"
 
 
 def write(tmp_path, lines):

@@ -10,7 +10,6 @@ import os
 
 import pytest
 
-from day0 import DATA_DIR
 from day0.contract import StageInputs
 from day0.gates import evaluate, load_gates
 from day0.stage import StageSpec, execute
@@ -18,7 +17,7 @@ from day0.targets import Target
 from tests.conftest import MODELS, PLUGINS, ROOT
 
 TINY_LLAMA = MODELS / "tiny-llama"
-EXAMPLE = DATA_DIR / "evaluation" / "business_example.jsonl"
+EXAMPLE = ROOT / "day0" / "stages" / "evaluation" / "data" / "business_example.jsonl"
 BUSINESS_GATE = {"id": "eval-business", "metric": "evaluation.business.acc",
                  "paired": {"test": "mcnemar", "allowed_drop": 0.25}}
 

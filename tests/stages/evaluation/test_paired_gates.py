@@ -14,9 +14,9 @@ from day0 import DATA_DIR
 from day0.errors import ConfigError
 from day0.gates import GatesFile, evaluate, load_gates
 from day0.pipeline import check_gates
-from tests.conftest import MODELS
+from tests.conftest import MODELS, ROOT
 
-EXAMPLE = DATA_DIR / "evaluation" / "business_example.jsonl"
+EXAMPLE = ROOT / "day0" / "stages" / "evaluation" / "data" / "business_example.jsonl"
 
 
 def gates_file(tmp_path, gates):

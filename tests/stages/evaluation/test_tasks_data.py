@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-DATA = ROOT / "day0" / "data" / "evaluation"
+DATA = ROOT / "day0" / "stages" / "evaluation" / "data"
 TASKS = DATA / "tasks"
 SCRIPT = ROOT / "scripts" / "make_eval_tasks.py"
 TINY_LLAMA = ROOT / "tests" / "fixtures" / "models" / "tiny-llama"
