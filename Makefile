@@ -12,7 +12,7 @@ PYTEST_ARGS ?= --durations=30
 
 DAY0_IMAGE  ?= day0:local
 
-.PHONY: demo test test-fast setup lint install fixtures bench clean docker-engine images image browser stack engine
+.PHONY: demo test test-fast setup lint install fixtures bench clean docker-engine images image browser stack engine docs
 
 install: $(STAMP)
 
@@ -27,7 +27,7 @@ demo: $(STAMP)
 	@$(PY) scripts/demo.py --target $(DEMO_TARGET) --out out/demo $(FIXTURES)
 
 # The release-to-verdict stack as processes of this user, no Docker: Prefect + UI, receiver,
-# SeaweedFS, `day0 serve`; `$(VENV)/bin/day0 stack down` stops it (README, "The stack by hand").
+# SeaweedFS, `day0 serve`; `$(VENV)/bin/day0 stack down` stops it (docs/stack.md).
 stack: $(STAMP)
 	$(VENV)/bin/day0 stack up
 
@@ -80,6 +80,13 @@ images: $(STAMP) docker-engine
 	VENV=$(VENV) DAY0_IMAGE=$(DAY0_IMAGE) TORCH_INDEX=$(or $(TORCH_INDEX),https://download.pytorch.org/whl/cpu) \
 	  scripts/build_images.sh
 image: images
+
+# The documentation site (MkDocs + Material, offline) into build/site: docs/ plus the reference
+# pages docs/hooks.py generates from the code; --strict fails on a broken link or anchor, as in
+# tests/test_docs.py.
+# NO_MKDOCS_2_WARNING: Material prints a banner about its end of life on every build otherwise.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir build/site
 
 fixtures: $(STAMP)
 	$(PY) scripts/make_fixtures.py

@@ -3,9 +3,9 @@
 It only parses and dispatches: the rules for a request live in day0.request, the flow is run
 through day0.orchestration (the engine's one adapter to Prefect).
 
-Exit codes (README "Commands"; day0.errors): 0 PASS (or command succeeded), 1 FAIL (TargetFault),
-2 bad input or config (Day0Error), 3 ERROR (StageError: a stage could not finish), 4 internal
-error, 5 BROKEN (the checkpoint itself is broken, whatever the target does).
+Exit codes (docs/errors-and-exit-codes.md; day0.errors): 0 PASS (or command succeeded), 1 FAIL
+(TargetFault), 2 bad input or config (Day0Error), 3 ERROR (StageError: a stage could not
+finish), 4 internal error, 5 BROKEN (the checkpoint itself is broken, whatever the target does).
 """
 
 from __future__ import annotations

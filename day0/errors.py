@@ -22,8 +22,8 @@ Hierarchy::
             ├── StoreError     the object store (down, denied, throttled): checked again later
             └── JournalError   the receiver's journal (SQLite) could not be read or written
 
-The exit codes of `day0 validate` (README, "Commands"): 0 PASS, 1 FAIL (TargetFault and every
-other finding about the target), 2 bad input or config (Day0Error's default), 3 ERROR
+The exit codes of `day0 validate` (docs/errors-and-exit-codes.md): 0 PASS, 1 FAIL (TargetFault
+and every other finding about the target), 2 bad input or config (Day0Error's default), 3 ERROR
 (StageError), 4 an internal day0 bug (any other exception), 5 BROKEN (the checkpoint itself).
 
 The CLI turns any Day0Error into one line on stderr (``str(err)``) and its ``exit_code``;

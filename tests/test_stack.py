@@ -1,9 +1,9 @@
-"""`day0 stack` / `make stack` (issue 11, acceptance 2): the README's "The stack by hand, without
-Docker" commands, run as written (ports and state folder chosen here, through DAY0_STACK_*),
-bring up Prefect, the receiver, SeaweedFS and `day0 serve`. A checkpoint uploaded with boto3
-starts exactly one validation, only after its last shard, that PASSes; its report is in the
-bucket and its run and artifacts in the Prefect API; the README's upload command follows its own
-run to the verdict; `down` leaves no process and no port open. The other tests drive
+"""`day0 stack` / `make stack` (issue 11, acceptance 2): the "The stack by hand, without Docker"
+commands of docs/stack.md, run as written (ports and state folder chosen here, through
+DAY0_STACK_*), bring up Prefect, the receiver, SeaweedFS and `day0 serve`. A checkpoint uploaded
+with boto3 starts exactly one validation, only after its last shard, that PASSes; its report is
+in the bucket and its run and artifacts in the Prefect API; the page's upload command follows
+its own run to the verdict; `down` leaves no process and no port open. The other tests drive
 day0.stack's pieces without starting the real servers."""
 
 from __future__ import annotations
@@ -26,17 +26,17 @@ from tests.conftest import MODELS, ROOT
 from tests.receiver.support import wait_until
 from tests.s3server import free_ports
 
-README = ROOT / "README.md"
-SECTION = "### The stack by hand, without Docker"
-MODEL = "acme/tiny-llama"  # the README's upload
+PAGE = ROOT / "docs" / "stack.md"
+SECTION = "## The stack by hand, without Docker"
+MODEL = "acme/tiny-llama"  # the page's upload
 BOTO3_MODEL = "acme/tiny-llama-boto3"
 FINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
 
 
-def readme_commands() -> list[str]:
-    """The command lines of the first bash block of the README's stack section."""
-    text = README.read_text()
-    assert SECTION in text, f"README lacks the section {SECTION!r}"
+def page_commands() -> list[str]:
+    """The command lines of the first bash block of docs/stack.md's stack section."""
+    text = PAGE.read_text()
+    assert SECTION in text, f"docs/stack.md lacks the section {SECTION!r}"
     block = re.search(r"```bash\n(.*?)```", text[text.index(SECTION):], re.S)
     assert block, "no bash block in the stack section"
     lines = [ln.strip() for ln in block.group(1).splitlines()]
@@ -72,12 +72,12 @@ def runs_of(state: core.StackState, model: str) -> list[dict]:
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_readme_stack_section_end_to_end(tmp_path):
-    commands = readme_commands()
+def test_docs_stack_section_end_to_end(tmp_path):
+    commands = page_commands()
     kinds = [next((k for k in ("make stack", "stack status", "stack upload", "stack down")
                    if k in c), c) for c in commands]
     assert kinds == ["make stack", "stack status", "stack upload", "stack down"], commands
-    assert (ROOT / ".venv" / "bin" / "day0").exists(), "the README's commands use .venv/bin/day0"
+    assert (ROOT / ".venv" / "bin" / "day0").exists(), "the page's commands use .venv/bin/day0"
     layout = core.Layout(tmp_path / "state")
     env = stack_env(layout.root)
     env.pop("DAY0_RESULTS_URI", None)
@@ -142,12 +142,12 @@ def test_readme_stack_section_end_to_end(tmp_path):
                         {"artifacts": {"flow_run_id": {"any_": [flow_run["id"]]}}})
         assert any("PASS" in json.dumps(a.get("data")) for a in artifacts), artifacts
 
-        # the README's upload command: one more run, for its own name, followed to its verdict
+        # the page's upload command: one more run, for its own name, followed to its verdict
         upload = run(commands[2], env, 1200)
         assert upload.returncode == 0, upload.stdout[-4000:] + upload.stderr[-4000:]
-        (readme_run,) = runs_of(state, MODEL)
-        assert readme_run["state"]["type"] == "COMPLETED", readme_run["state"]
-        assert f"/runs/flow-run/{readme_run['id']}" in upload.stdout
+        (page_run,) = runs_of(state, MODEL)
+        assert page_run["state"]["type"] == "COMPLETED", page_run["state"]
+        assert f"/runs/flow-run/{page_run['id']}" in upload.stdout
         assert "report: s3://models/day0-results/" + MODEL in upload.stdout, upload.stdout
 
         # the receiver said what it did with each event, never a secret, no Prefect 4xx noise

@@ -244,7 +244,7 @@ def _missing_variables(missing: dict[str, str], file: str) -> ConfigError:
     names = ", ".join(missing)
     return ConfigError(f"environment variable{'s' if len(missing) > 1 else ''} not set: {names}",
                        file=file, field=", ".join(missing.values()),
-                       fix="export each (README, 'The stack by hand, without Docker', lists them) "
+                       fix="export each (docs/releases.md, 'Receiver secrets', lists them) "
                            "or write the value")
 
 

@@ -42,7 +42,7 @@ Out = Callable[[str], None]
 BUCKET = "models"
 DEPLOYMENT_NAME = "day0"
 REGION = "us-east-1"
-# name -> what it guards (README "The stack by hand, without Docker" lists the same)
+# name -> what it guards (docs/releases.md, "Receiver secrets", lists the same)
 SECRETS = {
     "DAY0_RELEASE_SECRET": "HMAC key of signed release webhooks (POST /v1/webhooks/release)",
     "DAY0_HF_WEBHOOK_SECRET": "secret the Hugging Face Hub sends with its webhooks",
@@ -172,7 +172,7 @@ def ensure_secrets(path: Path, out: Out) -> dict[str, str]:
     if missing:
         have.update({name: _secrets.token_hex(24) for name in missing})
         lines = ["# day0 stack secrets: generated once, reused by every `day0 stack up`.",
-                 "# Keep private (0600). What each guards: README, 'The stack by hand'."]
+                 "# Keep private (0600). What each guards: docs/releases.md, 'Receiver secrets'."]
         lines += [f"{name}={have[name]}" for name in SECRETS]
         _write_private(path, "\n".join(lines) + "\n")
         out(f"secrets: generated {', '.join(missing)} in {path}")

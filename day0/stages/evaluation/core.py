@@ -140,8 +140,8 @@ def _evaluate(lm, names: list[str], manager, config: Config) -> dict:
         return sides.side_records(sides.evaluate(lm, names, manager, config))
     except ConnectionError as exc:  # datasets: not in the local cache, and no hub
         raise ConfigError(f"a task's dataset is not available offline ({exc})", field="tasks",
-                          fix="pre-populate the datasets cache (README, 'Evaluation "
-                              "offline') or use day0's bundled tasks") from None
+                          fix="pre-populate the datasets cache (docs/evaluation.md) or "
+                              "use day0's bundled tasks") from None
 
 
 def _target_side(config: Config, inputs: StageInputs, source: str, max_length: int,

@@ -19,8 +19,8 @@ class Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     workloads_file: str | None = Field(None, description=(
-        "YAML of workloads; default day0/data/workloads.yaml (README "
-        "'Performance')."))
+        "YAML of workloads; default day0/data/workloads.yaml "
+        "(docs/performance-and-soak.md)."))
     workloads: list[str] | None = Field(None, description=(
         "Names of the workloads to run (default: every one in the file)."))
     seed: int = Field(0, description="Seed of the request lengths (same trace on every run).")
@@ -55,7 +55,7 @@ class Config(BaseModel):
     confirm_kinds: list[Literal["ttft", "tpot", "e2el"]] = Field(
         default_factory=lambda: ["tpot", "e2el"], description=(
             "Latencies whose slowdown triggers a confirmation (those gated as errors; TTFT "
-            "scatters on CPU engines, see README)."))
+            "scatters on CPU engines, see docs/performance-and-soak.md)."))
     resamples: int = Field(2000, ge=200, le=100_000, description="Bootstrap resamples.")
     kernel_batches: list[int] = Field(default_factory=lambda: [1, 8], min_length=1, description=(
         "Device (in-process) targets: batch sizes of the kernel profile."))

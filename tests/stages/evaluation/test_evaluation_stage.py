@@ -62,9 +62,10 @@ def correct(store):
 
 @pytest.fixture(scope="module")
 def faulty(store, correct):  # after `correct`: reads the reference it stored
-    # noise on layer 0 of 4: eval-knowledge p = 0.0009 on the README calibration's machine and
-    # on an AVX512-BF16 Xeon. Layer 1 gave p = 0.011 on the first and 0.059 on the second: the
-    # CPU's bf16 kernels decide which fixture answers flip, too close to alpha for a test.
+    # noise on layer 0 of 4: eval-knowledge p = 0.0009 on the calibration machine of
+    # docs/evaluation.md and on an AVX512-BF16 Xeon. Layer 1 gave p = 0.011 on the first and
+    # 0.059 on the second: the CPU's bf16 kernels decide which fixture answers flip, too close
+    # to alpha for a test.
     os.environ["DAY0_PERTURB_LAYER"] = "0"
     try:
         return run_stage(store, "perturb_layer.py")
