@@ -26,11 +26,13 @@ def make_llama(folder: Path, *, hidden: int, layers: int, vocab: int, dtype: str
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from day0.torchkit.dtypes import torch_dtype
+
     cfg = LlamaConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=max(1, hidden // 64),
                       num_key_value_heads=max(1, hidden // 256), vocab_size=vocab,
                       intermediate_size=hidden * 3, dtype=dtype)
     torch.manual_seed(0)
-    model = LlamaForCausalLM._from_config(cfg, dtype=getattr(torch, dtype))
+    model = LlamaForCausalLM._from_config(cfg, dtype=torch_dtype(dtype))
     model.save_pretrained(folder, max_shard_size=shard)
     return folder
 

@@ -176,7 +176,7 @@ def load_pretrained(source: str | Path, *, device: str = "cpu", dtype: str = "fl
 
     Raises CheckpointError when transformers would load other files than the index names, or
     when a tensor's name or shape disagrees with the class (day0.checkpoint_match)."""
-    import torch
+    from day0.torchkit.dtypes import torch_dtype  # torch: only when a model is loaded
 
     check_loader_files(source)
     check_source(str(source))  # config.json within limits and within the weights' size
@@ -189,7 +189,7 @@ def load_pretrained(source: str | Path, *, device: str = "cpu", dtype: str = "fl
     check_checkpoint(source, meta)
     with quiet_transformers():
         model = resolved.model_class.from_pretrained(
-            str(source), config=resolved.config, dtype=getattr(torch, dtype),
+            str(source), config=resolved.config, dtype=torch_dtype(dtype),
             trust_remote_code=trust_remote_code)
     return model.to(device).eval()
 

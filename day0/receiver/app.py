@@ -300,7 +300,18 @@ def create_app(settings: ReceiverSettings, client_factory=None) -> FastAPI:
     `client_factory` returns the boto3 S3 client used for completeness checks (default: from
     settings.s3 / day0.storage).
     """
+    app = FastAPI(title="day0 release receiver", lifespan=_lifespan(settings, client_factory),
+                  docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(ServerTiming)
+    app.add_middleware(FramingGuard)  # added last: runs first, before any handler sees a body
+    # the whole tree (day0.errors): status, reason, headers
+    app.add_exception_handler(ReceiverError, _refused)
+    _add_event_routes(app, settings)
+    _add_health_route(app, settings)
+    return app
 
+
+def _lifespan(settings: ReceiverSettings, client_factory):
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         receiver = Receiver(settings, client_factory)
@@ -314,30 +325,30 @@ def create_app(settings: ReceiverSettings, client_factory=None) -> FastAPI:
             receiver.runner.shutdown()
             receiver.journal.close()
 
-    app = FastAPI(title="day0 release receiver", lifespan=lifespan, docs_url=None,
-                  redoc_url=None, openapi_url=None)
-    app.add_middleware(ServerTiming)
-    app.add_middleware(FramingGuard)  # added last: runs first, before any handler sees a body
+    return lifespan
+
+
+async def _refused(request: Request, exc: ReceiverError) -> JSONResponse:
+    if isinstance(exc, ClientGone):  # nobody is left to read the answer
+        log.info("client %s went away before sending its whole body (%s %s); nothing "
+                 "recorded", _peer(request), request.method, request.url.path)
+    if isinstance(exc, JournalError):
+        log.error("journal write failed: %s", exc.__cause__ or exc)
+    if not isinstance(exc, ClientGone):  # reasons never hold a secret (day0.receiver.auth)
+        log.warning("%s %s %s from %s: %d %s", "refused" if exc.status < 500 else "deferred",
+                    request.method, request.url.path, _peer(request), exc.status, exc.reason)
+    detail = f"retry later: {exc.reason}" if isinstance(exc, Unavailable) else exc.reason
+    return JSONResponse({"detail": detail}, status_code=exc.status, headers=exc.headers)
+
+
+def _receiver(request: Request) -> Receiver:
+    return request.app.state.receiver
+
+
+def _add_event_routes(app: FastAPI, settings: ReceiverSettings) -> None:
+    """The POST routes: object-store events (S3/SNS, SeaweedFS) and release webhooks."""
     secrets = settings.secrets
     limit, max_keys = settings.max_body_bytes, settings.limits.max_json_keys
-
-    @app.exception_handler(ReceiverError)  # the whole tree (day0.errors): status, reason, headers
-    async def _refused(request, exc: ReceiverError):
-        if isinstance(exc, ClientGone):  # nobody is left to read the answer
-            client = request.client
-            log.info("client %s went away before sending its whole body (%s %s); nothing "
-                     "recorded", f"{client.host}:{client.port}" if client else "?",
-                     request.method, request.url.path)
-        if isinstance(exc, JournalError):
-            log.error("journal write failed: %s", exc.__cause__ or exc)
-        if not isinstance(exc, ClientGone):  # reasons never hold a secret (day0.receiver.auth)
-            log.warning("%s %s %s from %s: %d %s", "refused" if exc.status < 500 else "deferred",
-                        request.method, request.url.path, _peer(request), exc.status, exc.reason)
-        detail = f"retry later: {exc.reason}" if isinstance(exc, Unavailable) else exc.reason
-        return JSONResponse({"detail": detail}, status_code=exc.status, headers=exc.headers)
-
-    def receiver(request: Request) -> Receiver:
-        return request.app.state.receiver
 
     @app.post("/v1/events/s3")
     async def s3_events(request: Request):
@@ -346,10 +357,10 @@ def create_app(settings: ReceiverSettings, client_factory=None) -> FastAPI:
         data = parse_json(await read_body(request, limit), max_keys)
         payload = parse_s3(data, request.headers.get("x-amz-sns-message-type"))
         if payload.sns is not None and payload.sns.Type != "Notification":
-            return await receiver(request).sns_control(payload.sns)
+            return await _receiver(request).sns_control(payload.sns)
         if payload.ignored:
             return _ignored(request, payload.ignored)
-        return await receiver(request).objects(payload.objects)
+        return await _receiver(request).objects(payload.objects)
 
     @app.post("/v1/events/seaweedfs")
     async def seaweedfs_events(request: Request):
@@ -358,7 +369,7 @@ def create_app(settings: ReceiverSettings, client_factory=None) -> FastAPI:
         events, ignored = parse_seaweedfs(data, settings.checkpoint.seaweedfs_buckets_dir)
         if ignored:
             return _ignored(request, ignored)
-        return await receiver(request).objects(events)
+        return await _receiver(request).objects(events)
 
     @app.post("/v1/webhooks/release")
     async def release_webhook(request: Request):
@@ -371,7 +382,7 @@ def create_app(settings: ReceiverSettings, client_factory=None) -> FastAPI:
             releases, ignored = parse_hf(data, hub.branches, hub.repo_types, hub.source)
             if ignored:
                 return _ignored(request, ignored)
-            return await receiver(request).accept(releases)
+            return await _receiver(request).accept(releases)
         if auth.SIGNATURE_HEADER.lower() not in headers:
             raise AuthError(f"missing {auth.SIGNATURE_HEADER} (signed release) or "
                             f"{auth.HF_SECRET_HEADER} (Hugging Face Hub)")
@@ -379,17 +390,19 @@ def create_app(settings: ReceiverSettings, client_factory=None) -> FastAPI:
             raise AuthError("no release_hmac secret is configured")
         body = await read_body(request, limit)
         auth.check_signature(headers, body, secret(secrets.release_hmac), settings.replay_window_s)
-        return await receiver(request).accept(
+        return await _receiver(request).accept(
             [parse_release(parse_json(body, max_keys), settings.release_sources)])
 
+
+def _add_health_route(app: FastAPI, settings: ReceiverSettings) -> None:
     @app.get("/healthz")
     async def healthz(request: Request):
-        rec = receiver(request)
+        rec = _receiver(request)
         store = rec.runner.report()
         healthy = rec.worker.alive and store["state"] != "degraded"
         status = "ok" if healthy else "degraded"
         try:
-            auth.check_token(request.headers, {}, secret(secrets.admin_token))
+            auth.check_token(request.headers, {}, secret(settings.secrets.admin_token))
         except AuthError:
             if not settings.public_healthz:
                 raise
@@ -399,8 +412,6 @@ def create_app(settings: ReceiverSettings, client_factory=None) -> FastAPI:
                       submitted_by_this_process=rec.worker.submitted,
                       last_worker_error=rec.worker.last_error, journal=stats,
                       deployment=settings.deployment)
-
-    return app
 
 
 def serve(settings: ReceiverSettings) -> None:

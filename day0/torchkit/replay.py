@@ -25,6 +25,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from day0 import progress
 from day0.contract import Row
+from day0.torchkit.dtypes import torch_dtype
 from day0.torchkit.tolerances import Tolerances
 
 Status = Literal["ok", "failed", "error", "skipped"]
@@ -167,9 +168,9 @@ def replay_op(name: str, stats, example, *, device: str, dtype: str, tolerances:
         func = resolve_op(name)
     except (AttributeError, ValueError) as exc:
         return OpRow(**row, status="skipped", reason=f"cannot resolve the op: {exc}")
-    torch_dtype = getattr(torch, dtype)
+    target_dtype = torch_dtype(dtype)
     rounded = reference_inputs == "rounded" or kind == "discrete"
-    to_ref = (lambda v: _rounded(v, torch_dtype)) if rounded else _to_reference
+    to_ref = (lambda v: _rounded(v, target_dtype)) if rounded else _to_reference
     ref_args, ref_kwargs = tree_map(to_ref, (args, kwargs))
     try:
         with torch.no_grad():
@@ -177,7 +178,7 @@ def replay_op(name: str, stats, example, *, device: str, dtype: str, tolerances:
     except Exception as exc:  # the CPU float32 reference itself cannot run it
         return OpRow(**row, status="skipped", reason=f"reference replay raised "
                                                      f"{type(exc).__name__}: {_line(exc)}")
-    tgt_args, tgt_kwargs = tree_map(lambda v: _to_target(v, device, torch_dtype), (args, kwargs))
+    tgt_args, tgt_kwargs = tree_map(lambda v: _to_target(v, device, target_dtype), (args, kwargs))
     try:
         with torch.no_grad():
             tgt_out = func(*tgt_args, **tgt_kwargs)

@@ -32,6 +32,7 @@ from day0.errors import InputError
 from day0.modeling import (build_error, check_source, decoder_layers, quiet_transformers,
                            resolve_config)
 from day0.checkpoint_io import read_config
+from day0.torchkit.dtypes import torch_dtype
 from day0.torchkit.weights import WeightStore
 
 # per-expert checkpoint names of a fused [experts, 2 x inter, hidden] gate_up_proj / down_proj
@@ -118,7 +119,7 @@ class StreamedModel:
         raw, file = read_config(source)  # local or s3://
         resolved = resolve_config(copy.deepcopy(raw), trust_remote_code=trust_remote_code,
                                   file=file)
-        self.dtype, self.device = getattr(torch, dtype), device
+        self.dtype, self.device = torch_dtype(dtype), device
         try:
             with quiet_transformers(), _params_on_meta():
                 model = resolved.model_class._from_config(resolved.config, dtype=self.dtype)

@@ -7,8 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from day0 import progress
 from day0.errors import Day0Error
 from day0.modeling import load_pretrained
@@ -17,6 +15,7 @@ from day0.stages.alignment import streamed as stream
 from day0.stages.alignment.bank import Bank, BankWriter, bank_key, bank_root, size_text
 from day0.stages.alignment.banked import BankSide, Recorder
 from day0.stages.alignment.engine import Side
+from day0.torchkit.dtypes import torch_dtype
 
 
 @dataclass
@@ -41,7 +40,7 @@ def bank_bytes(model_config, wins, dtypes: list[str]) -> int:
     per_position = (getattr(text, "vocab_size", 0) or 0) + (
         getattr(text, "num_hidden_layers", 0) or 0) * (getattr(text, "hidden_size", 0) or 0)
     positions = sum(len(w.ids) for w in wins)
-    return sum(positions * per_position * torch.empty((), dtype=getattr(torch, d)).element_size()
+    return sum(positions * per_position * torch_dtype(d).itemsize
                for d in dtypes)
 
 
@@ -97,7 +96,7 @@ def open_bank(config, source: str, reference, control_profile, wins, op_ids, pro
             plan.writers["reference"] = BankWriter(root, key, "reference")
         if own_control and plan.control is None:
             plan.writers[plan.control_part] = BankWriter(
-                root, key, plan.control_part, compact=getattr(torch, control_profile.dtype))
+                root, key, plan.control_part, compact=torch_dtype(control_profile.dtype))
     except OSError as exc:
         log(f"reference bank: cannot stage a new part ({exc}): not stored")
         abort(plan)

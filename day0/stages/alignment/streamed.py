@@ -22,6 +22,7 @@ from day0.stages.alignment.engine import Evidence
 from day0.stages.alignment.layers import Capture, LayerAccumulator
 from day0.stages.alignment.logits import bucket_index
 from day0.torchkit.evaltext import Window
+from day0.torchkit.dtypes import torch_dtype
 from day0.torchkit.streamed import StreamedModel, greedy
 
 
@@ -38,7 +39,7 @@ def resident_fits(source: str, dtypes: list[str]) -> bool:
     from day0.yamlio import read_mapping
 
     params = sum(t.numel for t in read_checkpoint(source).tensors.values())
-    need = sum(params * torch.empty((), dtype=getattr(torch, d)).element_size() for d in dtypes)
+    need = sum(params * torch_dtype(d).itemsize for d in dtypes)
     available = memory.available_bytes()
     return available is None or need * read_mapping(STREAMING_FILE)["resident_slack"] <= available
 

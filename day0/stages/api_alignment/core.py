@@ -189,29 +189,10 @@ def run(config: Config, inputs: StageInputs) -> Result:
     client = EngineClient.of(inputs.endpoint, timeout_s=target.engine.request_timeout_s)
     engine = Engine(client, inputs.endpoint.served_name)
     try:
-        mml = max_model_len(target.engine, source)
-        reported = engine.reported_max_model_len()
-        if reported is not None and reported != mml:
-            notes.append(f"the engine serves max_model_len {reported}; the target's settings "
-                         f"(capped at the trained context) give {mml}: using {min(reported, mml)}")
-            mml = min(reported, mml)
-        seq_len = min(config.seq_len or mml - 1, mml - 1)
-        if config.seq_len and config.seq_len > seq_len:
-            notes.append(f"seq_len {config.seq_len} lowered to {seq_len} (max_model_len - 1)")
-
+        mml, seq_len = _served_lengths(config, engine, target, source, notes)
         text_path = resolve_text_file(config.text_file, source)
         tokenizer = load_tokenizer(source, inputs.trust_remote_code)
-        progress.update("models", 0, 2, detail="loading the reference")
-        ref = Side("reference", load_pretrained(source, device=reference.device,
-                                                dtype=reference.dtype,
-                                                trust_remote_code=inputs.trust_remote_code),
-                   reference.device)
-        progress.update("models", 1, 2, detail="reference loaded")
-        ctl = ref if target.dtype == reference.dtype else Side(
-            "control", load_pretrained(source, device=reference.device, dtype=target.dtype,
-                                       trust_remote_code=inputs.trust_remote_code),
-            reference.device)
-        progress.update("models", 2, 2, detail="control loaded")
+        ref, ctl = _load_sides(source, inputs)
         lap("load")
         ids = tokenize(tokenizer, read_text(text_path), getattr(ref.model.config, "vocab_size",
                                                                  None))
@@ -221,27 +202,11 @@ def run(config: Config, inputs: StageInputs) -> Result:
         notes += text_notes
         k, capped = engine.cap_top_k(config.top_k, wins[0].ids)
         notes += [capped] if capped else []
-
-        measures, nonfinite = Measures(), 0
-        for w, window in enumerate(wins):
-            answer = engine.window(window.ids, k)
-            nonfinite += answer.nonfinite
-            control = None if ctl is ref else ctl.logits(window.ids, config.chunk_tokens)
-            for start, logits_r in ref.logits(window.ids, config.chunk_tokens):
-                logits_c = logits_r if control is None else next(control)[1]
-                measures.add(w, window.ids, window.score_from, start, logits_r, logits_c,
-                             answer, k)
-            progress.update("windows", w + 1, len(wins),
-                            detail=f"window {w + 1}: {len(window.ids)} positions")
+        measures, nonfinite = _measure_windows(config, wins, engine, ref, ctl, k)
         lap("windows")
         moe = _is_moe(ref.model.config)
         if moe:
-            notes.append("expert agreement not measured: " + (
-                "the engine returned routed experts, which this stage does not compare yet"
-                if engine.routed_experts else
-                "the engine returned no routed experts (vLLM 0.32 returns them only with "
-                "--enable-return-routed-experts, which needs its Model Runner V2 and Triton: "
-                "not available in vLLM for CPU)"))
+            notes.append(_expert_note(engine))
         summary = _summarize(measures, tolerances, seq_len,
                              min(config.position_buckets, seq_len))
         gen_rows = _generation(config, ids, prefix, tokenizer, ref, ctl, engine, k)
@@ -260,6 +225,66 @@ def run(config: Config, inputs: StageInputs) -> Result:
         nonfinite=nonfinite + sum(r.nonfinite for r in gen_rows), notes=notes,
         timings=laps.timings,
         checkpoint_problems=problems, **summary)
+
+
+def _served_lengths(config: Config, engine: Engine, target, source: str,
+                    notes: list[str]) -> tuple[int, int]:
+    """(the engine's max_model_len, the window length): a prompt leaves room for the one
+    generated token."""
+    mml = max_model_len(target.engine, source)
+    reported = engine.reported_max_model_len()
+    if reported is not None and reported != mml:
+        notes.append(f"the engine serves max_model_len {reported}; the target's settings "
+                     f"(capped at the trained context) give {mml}: using {min(reported, mml)}")
+        mml = min(reported, mml)
+    seq_len = min(config.seq_len or mml - 1, mml - 1)
+    if config.seq_len and config.seq_len > seq_len:
+        notes.append(f"seq_len {config.seq_len} lowered to {seq_len} (max_model_len - 1)")
+    return mml, seq_len
+
+
+def _load_sides(source: str, inputs: StageInputs) -> tuple[Side, Side]:
+    """(reference, control) in process; the control is the reference itself at its dtype."""
+    target, reference = inputs.target, inputs.reference
+    progress.update("models", 0, 2, detail="loading the reference")
+    ref = Side("reference", load_pretrained(source, device=reference.device,
+                                            dtype=reference.dtype,
+                                            trust_remote_code=inputs.trust_remote_code),
+               reference.device)
+    progress.update("models", 1, 2, detail="reference loaded")
+    ctl = ref if target.dtype == reference.dtype else Side(
+        "control", load_pretrained(source, device=reference.device, dtype=target.dtype,
+                                   trust_remote_code=inputs.trust_remote_code),
+        reference.device)
+    progress.update("models", 2, 2, detail="control loaded")
+    return ref, ctl
+
+
+def _measure_windows(config: Config, wins, engine: Engine, ref: Side, ctl: Side,
+                     k: int) -> tuple[Measures, int]:
+    """(every scored position's measures, NaN/inf logprobs the engine returned): each window
+    through the engine's API and, chunk by chunk, through the reference and the control."""
+    measures, nonfinite = Measures(), 0
+    for w, window in enumerate(wins):
+        answer = engine.window(window.ids, k)
+        nonfinite += answer.nonfinite
+        control = None if ctl is ref else ctl.logits(window.ids, config.chunk_tokens)
+        for start, logits_r in ref.logits(window.ids, config.chunk_tokens):
+            logits_c = logits_r if control is None else next(control)[1]
+            measures.add(w, window.ids, window.score_from, start, logits_r, logits_c,
+                         answer, k)
+        progress.update("windows", w + 1, len(wins),
+                        detail=f"window {w + 1}: {len(window.ids)} positions")
+    return measures, nonfinite
+
+
+def _expert_note(engine: Engine) -> str:
+    return "expert agreement not measured: " + (
+        "the engine returned routed experts, which this stage does not compare yet"
+        if engine.routed_experts else
+        "the engine returned no routed experts (vLLM 0.32 returns them only with "
+        "--enable-return-routed-experts, which needs its Model Runner V2 and Triton: "
+        "not available in vLLM for CPU)")
 
 
 def _summarize(m: Measures, control, span: int, n_buckets: int) -> dict:

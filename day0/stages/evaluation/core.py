@@ -38,14 +38,7 @@ def run(config: Config, inputs: StageInputs) -> Result:
     progress.plan({"sides": 2})
     source = local_checkpoint(inputs.source, log=print)
     notes: list[str] = []
-    trained = int(read_config_dict(source).get("max_position_embeddings") or 2048)
-    max_length = trained
-    if target.kind == "engine":
-        max_length = min(max_length, max_model_len(target.engine, source))
-    long_tokens = min(config.long_context_max_tokens, max_length) - RESERVED_TOKENS
-    if config.long_context_max_tokens < max_length:
-        notes.append(f"long-context prompts capped at {config.long_context_max_tokens} tokens "
-                     f"(long_context_max_tokens) of the model's {max_length}")
+    max_length, long_tokens = _context_lengths(config, target, source, notes)
     batch = config.batch_size or max(1, min(64, config.batch_tokens // max(long_tokens, 256)))
     config = config.model_copy(update={"batch_size": batch})
     tokenizer = load_tokenizer(source, inputs.trust_remote_code)
@@ -65,30 +58,8 @@ def run(config: Config, inputs: StageInputs) -> Result:
         key = refstore.key(weights=weights, tasks=run_tasks, reference=reference, config=config,
                            lm_eval_version=version, long_context_tokens=long_tokens)
         where = refstore.location(config, inputs.source, inputs.revision, reference, weights)
-        stored = None if config.reference == "run" else refstore.load(where, key)
-        if stored is None and config.reference == "stored":
-            raise ConfigError(f"no stored reference results at {where}{key}.json",
-                              field="reference", fix="use reference: auto (compute and store)")
-        if stored is not None:
-            ref_records, ref_source = stored["tasks"], "stored"
-            print(f"evaluation: reference results read from {where}{key}.json (not recomputed)")
-            progress.update("sides", 1, 2, detail="reference read from the store")
-        else:
-            progress.update("sides", 0, 2, detail="reference (lm-eval, in process)")
-            from day0.stages.evaluation.lmodels import torch_side
-
-            lm = torch_side(source, reference, batch_size=config.batch_size,
-                            max_length=max_length, trust_remote_code=inputs.trust_remote_code,
-                            share_from=refstore.shared_from(config),
-                            fit_to_budget=config.fit_to_budget)
-            ref_records = _evaluate(lm, names, manager, config)
-            del lm
-            ref_source = "computed"
-            try:
-                refstore.save(where, key, {"tasks": ref_records, "lm_eval": version})
-            except Exception as exc:  # the run's verdict never depends on the store
-                notes.append(f"reference results not stored at {where}: {exc}")
-            progress.update("sides", 1, 2, detail="reference done")
+        ref_records, ref_source = _reference_side(config, inputs, source, max_length, names,
+                                                  manager, where, key, version, notes)
         lap("reference")
 
         progress.update("sides", 1, 2, detail=f"target {target.label}")
@@ -96,17 +67,8 @@ def run(config: Config, inputs: StageInputs) -> Result:
         progress.update("sides", 2, 2, detail="target done")
         lap("target")
 
-    task_rows, items, per_task = [], {}, {}
-    for task in run_tasks:
-        ref, tgt = ref_records.get(task.name), tgt_records.get(task.name)
-        if ref is None or tgt is None:
-            raise StageError(f"task {task.name}: lm-eval returned no samples for the "
-                             f"{'reference' if ref is None else 'target'}")
-        pairs = _pairs(task.name, ref["items"], tgt["items"])
-        per_task[task.name] = pairs
-        items[task.name] = [_item_row(r, t) for r, t in pairs]
-        task_rows.append(_task_row(task, ref, tgt, pairs, config.flipped_listed))
-    categories, paired = _categories(run_tasks, per_task)
+    task_rows, items, categories, paired = _pair_sides(run_tasks, ref_records, tgt_records,
+                                                       config.flipped_listed)
     lap("pairing")
     return Result(
         target=target.label, reference=reference.label,
@@ -123,6 +85,65 @@ def run(config: Config, inputs: StageInputs) -> Result:
         nonfinite=sum(t.get("nonfinite", 0) for rec in tgt_records.values()
                       for t in rec["items"]),
         notes=notes, timings=laps.timings)
+
+
+def _context_lengths(config: Config, target, source: str, notes: list[str]) -> tuple[int, int]:
+    """(max_length: the trained context, or the engine's when shorter; the tokens a
+    long-context prompt may have)."""
+    trained = int(read_config_dict(source).get("max_position_embeddings") or 2048)
+    max_length = trained
+    if target.kind == "engine":
+        max_length = min(max_length, max_model_len(target.engine, source))
+    long_tokens = min(config.long_context_max_tokens, max_length) - RESERVED_TOKENS
+    if config.long_context_max_tokens < max_length:
+        notes.append(f"long-context prompts capped at {config.long_context_max_tokens} tokens "
+                     f"(long_context_max_tokens) of the model's {max_length}")
+    return max_length, long_tokens
+
+
+def _reference_side(config: Config, inputs: StageInputs, source: str, max_length: int,
+                    names: list[str], manager, where: str, key: str, version: str,
+                    notes: list[str]) -> tuple[dict, str]:
+    """(the reference's records, "stored" or "computed"): read from the reference store, or
+    evaluated here in process and stored for the next target."""
+    stored = None if config.reference == "run" else refstore.load(where, key)
+    if stored is None and config.reference == "stored":
+        raise ConfigError(f"no stored reference results at {where}{key}.json",
+                          field="reference", fix="use reference: auto (compute and store)")
+    if stored is not None:
+        print(f"evaluation: reference results read from {where}{key}.json (not recomputed)")
+        progress.update("sides", 1, 2, detail="reference read from the store")
+        return stored["tasks"], "stored"
+    progress.update("sides", 0, 2, detail="reference (lm-eval, in process)")
+    from day0.stages.evaluation.lmodels import torch_side
+
+    lm = torch_side(source, inputs.reference, batch_size=config.batch_size,
+                    max_length=max_length, trust_remote_code=inputs.trust_remote_code,
+                    share_from=refstore.shared_from(config), fit_to_budget=config.fit_to_budget)
+    records = _evaluate(lm, names, manager, config)
+    del lm  # freed before the store is written
+    try:
+        refstore.save(where, key, {"tasks": records, "lm_eval": version})
+    except Exception as exc:  # the run's verdict never depends on the store
+        notes.append(f"reference results not stored at {where}: {exc}")
+    progress.update("sides", 1, 2, detail="reference done")
+    return records, "computed"
+
+
+def _pair_sides(run_tasks, ref_records: dict, tgt_records: dict, listed: int) -> tuple:
+    """(task rows, items per task, category rows, paired items): both sides item by item."""
+    task_rows, items, per_task = [], {}, {}
+    for task in run_tasks:
+        ref, tgt = ref_records.get(task.name), tgt_records.get(task.name)
+        if ref is None or tgt is None:
+            raise StageError(f"task {task.name}: lm-eval returned no samples for the "
+                             f"{'reference' if ref is None else 'target'}")
+        pairs = _pairs(task.name, ref["items"], tgt["items"])
+        per_task[task.name] = pairs
+        items[task.name] = [_item_row(r, t) for r, t in pairs]
+        task_rows.append(_task_row(task, ref, tgt, pairs, listed))
+    categories, paired = _categories(run_tasks, per_task)
+    return task_rows, items, categories, paired
 
 
 def _check_known(names: list[str], manager) -> None:

@@ -7,6 +7,7 @@ import statistics
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from day0 import progress
@@ -60,8 +61,18 @@ def window_row(outcome: loadgen.RunOutcome, start: float) -> Window:
                   output_throughput=result.get("output_throughput"), error=outcome.error)
 
 
+@dataclass
+class Sustained:
+    """What the sustained load left: its windows, the engine's samples, the load runs'
+    outcomes, and why it stopped early (a SIGTERM), if it did."""
+
+    windows: list[Window]
+    samples: list[Sample]
+    outcomes: list[loadgen.RunOutcome]
+    stopped: str | None
+
+
 def run(config: Config, inputs: StageInputs) -> Result:
-    from day0.engines.process import engine_python
     from day0.torchkit.evaltext import load_tokenizer
 
     engine = loadgen.served(inputs, "soak")
@@ -76,11 +87,6 @@ def run(config: Config, inputs: StageInputs) -> Result:
     trace = wl.trace_for(config.workload, workload, context=context, seed=config.seed,
                          notes=notes)
     planned = config.duration_s
-    stopping: list[str] = []
-
-    def on_term(signum, frame):  # keep what was measured: stop the load, report, exit
-        stopping.append(f"SIGTERM after {time.time() - started:.0f} s of {planned:.0f} s")
-
     client = EngineClient.of(endpoint, timeout_s=settings.request_timeout_s)
     prompts = checks.probe_prompts(tokenizer, config.probes)
     before = checks.generate(client, endpoint.served_name, prompts, config.probe_tokens)
@@ -89,6 +95,46 @@ def run(config: Config, inputs: StageInputs) -> Result:
     root = procmem.engine_root(endpoint)
     source = (f"engine process tree (pid {root.pid} and its children)" if root else
               "none: the engine has no process on this machine (KV-cache usage only)")
+    repeated = loadgen.LoadRun(id="soak", trace=trace, concurrency=concurrency,
+                               max_duration_s=workload.max_duration_s)
+    load = sustain_load(config, client, root, repeated, endpoint, settings, tokenizer=str(folder))
+    elapsed = max((w.end_s for w in load.windows), default=0.0)
+    interrupted = load.stopped
+    if interrupted is None and elapsed < planned:
+        interrupted = (f"the load stopped after {elapsed:.0f} s of {planned:.0f} s: "
+                       + "; ".join(o.error for o in load.outcomes if o.error)[:300])
+    healthy = client.healthy()
+    if load.stopped:
+        after = [None] * len(before)
+        notes.append("probes after the soak not run: interrupted")
+    else:
+        after = checks.generate(client, endpoint.served_name, prompts, config.probe_tokens) \
+            if healthy else [None] * len(before)
+    client.close()
+    result = Result(endpoint=endpoint.base_url,
+                    load_generator=next((o.client for o in load.outcomes if o.client),
+                                        "vllm bench serve"),
+                    workload=config.workload, concurrency=concurrency, planned_s=planned,
+                    elapsed_s=round(elapsed, 3), interrupted=interrupted, windows=load.windows,
+                    samples=load.samples, memory_source=source, boundaries=bounds,
+                    probes=[] if load.stopped else checks.compare_probes(before, after),
+                    healthy_after=healthy, notes=notes)
+    add_trends(result, config)
+    return result
+
+
+def sustain_load(config: Config, client: EngineClient, root, run_: loadgen.LoadRun, endpoint,
+                 settings, *, tokenizer: str) -> Sustained:
+    """Repeat run_ until config.duration_s has passed from its start (or a SIGTERM), the
+    engine sampled throughout and each finished window reported as progress."""
+    from day0.engines.process import engine_python
+
+    planned = config.duration_s
+    stopping: list[str] = []
+
+    def on_term(signum, frame):  # keep what was measured: stop the load, report, exit
+        stopping.append(f"SIGTERM after {time.time() - started:.0f} s of {planned:.0f} s")
+
     started = time.time()
     previous = (signal.signal(signal.SIGTERM, on_term)
                 if threading.current_thread() is threading.main_thread() else None)
@@ -106,43 +152,19 @@ def run(config: Config, inputs: StageInputs) -> Result:
             f"{w.output_throughput or 0:.0f} tok/s, RSS "
             f"{(last.rss_mb or 0) if last else 0:.0f} MiB"))
 
-    run_ = loadgen.LoadRun(id="soak", trace=trace, concurrency=concurrency,
-                           max_duration_s=workload.max_duration_s,
-                           repeat_until=started + planned)
+    run_ = run_.model_copy(update={"repeat_until": started + planned})
     try:
         with tempfile.TemporaryDirectory(prefix="day0-soak-") as tmp:
-            outcomes, _ = loadgen.replay([run_], endpoint, tokenizer=str(folder),
-                                         python=engine_python(settings), folder=Path(tmp),
-                                         seed=config.seed, on_run=on_window,
+            outcomes, _ = loadgen.replay([run_], endpoint, tokenizer=tokenizer,
+                                         python=engine_python(settings),
+                                         folder=Path(tmp), seed=config.seed, on_run=on_window,
                                          stop=lambda: bool(stopping))
     finally:
         sampler.halt.set()
         sampler.join(timeout=30)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-    elapsed = max((w.end_s for w in windows), default=0.0)
-    interrupted = stopping[0] if stopping else None
-    if interrupted is None and elapsed < planned:
-        interrupted = (f"the load stopped after {elapsed:.0f} s of {planned:.0f} s: "
-                       + "; ".join(o.error for o in outcomes if o.error)[:300])
-    healthy = client.healthy()
-    if stopping:
-        after = [None] * len(before)
-        notes.append("probes after the soak not run: interrupted")
-    else:
-        after = checks.generate(client, endpoint.served_name, prompts, config.probe_tokens) \
-            if healthy else [None] * len(before)
-    client.close()
-    result = Result(endpoint=endpoint.base_url,
-                    load_generator=next((o.client for o in outcomes if o.client),
-                                        "vllm bench serve"),
-                    workload=config.workload, concurrency=concurrency, planned_s=planned,
-                    elapsed_s=round(elapsed, 3), interrupted=interrupted, windows=windows,
-                    samples=sampler.samples, memory_source=source, boundaries=bounds,
-                    probes=[] if stopping else checks.compare_probes(before, after),
-                    healthy_after=healthy, notes=notes)
-    add_trends(result, config)
-    return result
+    return Sustained(windows, sampler.samples, outcomes, stopping[0] if stopping else None)
 
 
 def add_trends(result: Result, config: Config) -> None:
