@@ -2,7 +2,7 @@
 
 For each model, every case runs the alignment stage (day0.stages.alignment.run) at default settings and
 judges the alignment gates of gates.yaml with the target's claim. Reference and control are
-computed once per text (day0.stages.alignment.Memo) and shared by all cases on that text.
+computed once per text (day0.stages.alignment.KeptSides) and shared by all cases on that text.
 
 * stacks (must PASS): bf16 and fp16 eager, torch.compile bf16 and fp32, bf16 on one thread,
   int8 weights under an `int8` claim; repeated on --repeats different texts (repeat 0: day0's
@@ -95,7 +95,7 @@ def judge(result, target, gates_file):
     return verdict(applicable, {}), applicable
 
 
-def run_case(source, text, memo, name, dtype, plugins, claim, gates_file):
+def run_case(source, text, kept, name, dtype, plugins, claim, gates_file):
     from day0.stages.alignment.core import Config, run
     from day0.contract import StageInputs
     from day0.targets import Target
@@ -107,7 +107,7 @@ def run_case(source, text, memo, name, dtype, plugins, claim, gates_file):
     # (every decoding shape compiles) and decides no verdict
     result = run(Config(text_file=str(text) if text else None, check_weights=False,
                         generation_prompts=0),
-                 StageInputs(source=str(source), target=target), memo=memo)
+                 StageInputs(source=str(source), target=target), kept=kept)
     seconds = time.monotonic() - started
     verdict, gates = judge(result, target, gates_file)
     return result, verdict, [layer_gate(g, result) for g in gates], seconds
@@ -145,16 +145,16 @@ def row(kind, name, text_name, verdict, gates, seconds, expected=None) -> dict:
 
 def calibrate(source: Path, repeats: int, moe: bool, gates_file, fault_filter=None,
               first_text: Path | None = None) -> list[dict]:
-    from day0.stages.alignment.core import Memo
+    from day0.stages.alignment.core import KeptSides
 
     rows = []
     for i, (text_name, text) in enumerate(texts(repeats, first_text)):
-        memo = Memo()
+        kept = KeptSides()
         if i == 0:
             for name, dtype, plugins, expected, moe_only in FAULTS:
                 if (moe_only and not moe) or (fault_filter and plugins[0] not in fault_filter):
                     continue
-                result, verdict, gates, secs = run_case(source, text, memo, name, dtype,
+                result, verdict, gates, secs = run_case(source, text, kept, name, dtype,
                                                         plugins, "faithful", gates_file)
                 r = row("fault", name, text_name, verdict, gates, secs, expected)
                 r["first_divergent_layer"] = result.first_divergent_layer
@@ -162,7 +162,7 @@ def calibrate(source: Path, repeats: int, moe: bool, gates_file, fault_filter=No
                 rows.append(r)
                 print(_line(rows[-1]), flush=True)
             for name, dtype, plugins in DEPLOYMENTS:
-                result, verdict, gates, secs = run_case(source, text, memo, name, dtype,
+                result, verdict, gates, secs = run_case(source, text, kept, name, dtype,
                                                         plugins, "faithful", gates_file)
                 r = row("deployment", name, text_name, verdict, gates, secs, ["layers-aligned"])
                 r["expected"] = "—"
@@ -170,11 +170,11 @@ def calibrate(source: Path, repeats: int, moe: bool, gates_file, fault_filter=No
                 rows.append(r)
                 print(_line(rows[-1]), flush=True)
         for name, dtype, plugins, claim in STACKS:
-            result, verdict, gates, secs = run_case(source, text, memo, name, dtype, plugins,
+            result, verdict, gates, secs = run_case(source, text, kept, name, dtype, plugins,
                                                     claim, gates_file)
             rows.append(row("stack", name, text_name, verdict, gates, secs))
             print(_line(rows[-1]), flush=True)
-        del memo
+        del kept
     return rows
 
 

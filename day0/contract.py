@@ -248,6 +248,11 @@ class Stage(ABC):
         result."""
         return {}
 
+    def warm(self) -> None:
+        """Work every run of this stage repeats in its process (lm-eval's templates, a lazily
+        imported module): the warm stage host calls it once, after loading the core, before it
+        forks the stages."""
+
     def check_gates(self, config: dict, gates: list) -> list:
         """Before any stage runs: what is wrong with the gates on its metrics given its config
         (day0.errors.Problem; e.g. a paired gate its items cannot power): exit 2."""

@@ -74,27 +74,35 @@ def _status_code(status: int) -> int:
     return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
+def warm_up() -> None:
+    """What every stage would otherwise import or compute in its own process, done once before
+    the first fork: stagehost.yaml's shared modules, then each registered stage's core and its
+    warm() hook (day0.contract.Stage). A failure only means a stage pays it itself (and reports
+    what is missing)."""
+    import yaml
+
+    from day0 import DATA_DIR, stages
+
+    for name in yaml.safe_load((DATA_DIR / "stagehost.yaml").read_text())["preload"]:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a child imports what is missing, and reports it
+            pass
+    for name in stages.names():
+        try:
+            stage = stages.get(name)
+            stage.load()
+            stage.warm()
+        except Exception:  # noqa: BLE001 - the stage pays it itself, or reports it
+            pass
+
+
 def serve(socket_path: str, keep: dict | None = None) -> None:
     """The host's loop: fork a child per request, tell its requester the pid and the exit code.
     Owned: until its owner's stdin closes. Kept (keep: record, anchor, idle_s): until idle_s
     without a child, or its anchor process is gone; registered in `record` while it serves."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the owner decides when stages stop
-    import yaml
-
-    from day0 import DATA_DIR
-
-    plan = yaml.safe_load((DATA_DIR / "stagehost.yaml").read_text())
-    for name in plan["preload"]:
-        try:
-            __import__(name)
-        except Exception:  # noqa: BLE001 - a child imports what is missing, and reports it
-            pass
-    for name in plan.get("warm") or []:
-        module, _, function = name.partition(":")
-        try:
-            getattr(importlib.import_module(module), function)()
-        except Exception:  # noqa: BLE001 - the stage pays it itself then
-            pass
+    warm_up()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(socket_path)
     os.chmod(socket_path, 0o600)

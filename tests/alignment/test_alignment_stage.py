@@ -216,16 +216,16 @@ def _alignment_gates_failing(result: Result, claim: str = "faithful") -> set[str
 def test_rope_base_and_expert_swap_fail_on_every_fixture(fixture, eval_text):
     """Faults that absolute thresholds tuned on the fixtures let through (RoPE base 10 % low:
     KL 7e-4 on DeepSeek) fail against the control; the control itself passes."""
-    from day0.stages.alignment.core import Memo
+    from day0.stages.alignment.core import KeptSides
 
     source = PLUGINS.parents[0] / "fixtures" / "models" / fixture
-    memo = Memo()
+    kept = KeptSides()
 
     def check(plugins):
         target = Target(name="cpu-bf16", device="cpu", dtype="bfloat16",
                         plugins=[str(PLUGINS / f"{p}.py") for p in plugins])
         return run(Config(text_file=str(eval_text), **FAST),
-                   StageInputs(source=str(source), target=target), memo=memo)
+                   StageInputs(source=str(source), target=target), kept=kept)
 
     assert _alignment_gates_failing(check(["noop"])) == set()
     rope = _alignment_gates_failing(check(["rope_base_low"]))
@@ -239,28 +239,28 @@ def test_a_memo_judges_a_target_again_under_another_claim_without_a_forward(tiny
                                                                            eval_text,
                                                                            monkeypatch):
     """The last target is kept with the reference and control: judged again (another claim),
-    no model is loaded and no window runs, and the result equals a run without the memo."""
-    from day0.stages.alignment.core import Memo
+    no model is loaded and no window runs, and the result equals a run without the kept."""
+    from day0.stages.alignment.core import KeptSides
     from day0.stages.alignment import sides
 
-    memo = Memo()
+    kept = KeptSides()
 
-    def judged(claim, memo):
+    def judged(claim, kept):
         target = Target(name="cpu-bf16", device="cpu", dtype="bfloat16", claim=claim,
                         plugins=[str(PLUGINS / "int8_weights.py")])
-        # no bank: the sides a run without the memo needs are all computed
+        # no bank: the sides a run without the kept needs are all computed
         return run(Config(text_file=str(eval_text), reference_bank="off", **FAST),
-                   StageInputs(source=str(tiny_llama), target=target), memo=memo)
+                   StageInputs(source=str(tiny_llama), target=target), kept=kept)
 
-    judged("faithful", memo)
+    judged("faithful", kept)
     loads = []
     real_load = sides.load_pretrained
     monkeypatch.setattr(sides, "load_pretrained",
                         lambda *a, **k: loads.append(a) or real_load(*a, **k))
-    again = judged("int8", memo)
+    again = judged("int8", kept)
     assert loads == []
     fresh = judged("int8", None)
-    assert len(loads) == 3  # reference, control and target: what the memo saved
+    assert len(loads) == 3  # reference, control and target: what the kept saved
     a, b = again.metrics(), fresh.metrics()
     assert {k: (a[k], b[k]) for k in a if not (a[k] == b[k] or a[k] != a[k] and b[k] != b[k])} \
         == {}

@@ -1,7 +1,7 @@
 """The alignment stage's core: models, windows and comparisons (see the package docstring).
 
 The stage's settings are config.py, its evidence result.py, the statistics summary.py and the
-sides kept between calls in one process memo.py; run() takes the steps below in order."""
+sides kept between calls in one process kept_sides.py; run() takes the steps below in order."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from day0.stages.alignment.bank import size_text
 from day0.stages.alignment.banked import RecordedOps, encode_ops
 from day0.stages.alignment.config import Config
 from day0.stages.alignment.engine import evaluate
-from day0.stages.alignment.memo import Memo
+from day0.stages.alignment.kept_sides import KeptSides
 from day0.stages.alignment.result import Result
 from day0.stages.alignment.summary import summarize
 from day0.torchkit.evaltext import (Window, load_tokenizer, prefix_token, prompts, read_text,
@@ -63,7 +63,7 @@ class _EvalText:
         return max(len(w.ids) for w in self.wins)
 
 
-def run(config: Config, inputs: StageInputs, *, memo: Memo | None = None) -> Result:
+def run(config: Config, inputs: StageInputs, *, kept: KeptSides | None = None) -> Result:
     laps = Laps()
     lap = laps.lap
 
@@ -93,7 +93,7 @@ def run(config: Config, inputs: StageInputs, *, memo: Memo | None = None) -> Res
     scanned = list(problems)  # what the bank keeps of the weight scan
     try:
         ref, ctl, tgt = sides.load_sides(
-            plan, streamed=streamed, same=same, memo=memo, wins=text.wins, reference=reference,
+            plan, streamed=streamed, same=same, kept=kept, wins=text.wins, reference=reference,
             inputs=inputs.model_copy(update={"source": weights_source}), target=target,
             control_profile=control_profile,
             expert_group_bytes=int(config.expert_group_gib * 2**30))
@@ -113,7 +113,7 @@ def run(config: Config, inputs: StageInputs, *, memo: Memo | None = None) -> Res
         made: dict[str, list] = {}
         gen_rows = gen.compared(config.new_tokens, text.chosen, text.batch, text.tokenizer, ref,
                                 ctl, tgt, reference.device, target,
-                                memo.greedy if memo else None, streamed, made)
+                                kept.greedy if kept else None, streamed, made)
         lap("generation")
         bank_bytes = sides.commit(
             plan, {"reference": (ref, reference), plan.control_part: (ctl, control_profile)},
@@ -267,4 +267,4 @@ def _bank_note(plan, bank_bytes: int) -> str:
                else "reference computed here"))
 
 
-__all__ = ["Config", "Result", "run", "Memo"]
+__all__ = ["Config", "Result", "run", "KeptSides"]

@@ -69,7 +69,7 @@ class Side:
                        list(self.capture.hidden), dict(self.capture.routes))
 
 
-class MemoSide(Side):
+class KeptSide(Side):
     """A reference or control whose outputs are kept per window: validating several targets
     against one checkpoint (calibration, tests) computes each reference/control window once."""
 
@@ -134,4 +134,4 @@ def evaluate(wins: list[Window], reference, control, target: Side | None, *,
     return evidence
 
 
-__all__ = ["Side", "MemoSide", "Evidence", "evaluate"]
+__all__ = ["Side", "KeptSide", "Evidence", "evaluate"]

@@ -45,9 +45,9 @@ def compare(ref: list[int], tgt: list[int], new_tokens: int) -> tuple[float, int
 
 
 def compared(new_tokens: int, chosen, batch, tokenizer, ref, ctl, tgt, ref_device: str, target,
-             memo_greedy, streamed: bool, made: dict) -> list[GenerationRow]:
+             kept_greedy, streamed: bool, made: dict) -> list[GenerationRow]:
     """Greedy continuations of reference, control (banked or generated) and target, compared;
-    made collects the ones generated for the bank (by part). memo_greedy: core.Memo's."""
+    made collects the ones generated for the bank (by part). kept_greedy: core.KeptSides'."""
     from transformers.utils import logging as hf_logging
 
     from day0 import progress
@@ -58,7 +58,7 @@ def compared(new_tokens: int, chosen, batch, tokenizer, ref, ctl, tgt, ref_devic
     if not chosen:
         return []
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    generate = streamed_greedy if streamed else memo_greedy or greedy
+    generate = streamed_greedy if streamed else kept_greedy or greedy
     total = 1 + (ctl is not ref) + (tgt is not None)
     what = f"{len(batch)} prompts x {new_tokens} tokens"
 

@@ -126,7 +126,7 @@ def live_dtypes(plan: BankPlan, reference, control_profile, same: bool, target) 
 
 
 def load_sides(plan: BankPlan, *, streamed: bool, inputs, reference, control_profile, target,
-               same: bool, memo, expert_group_bytes: int, wins) -> tuple:
+               same: bool, kept, expert_group_bytes: int, wins) -> tuple:
     """(reference, control, target or None) sides: banked, recorded or live."""
     store = None
     ids = [w.ids for w in wins]
@@ -141,10 +141,10 @@ def load_sides(plan: BankPlan, *, streamed: bool, inputs, reference, control_pro
         load = lambda: load_pretrained(inputs.source, device=profile.device,  # noqa: E731
                                        dtype=profile.dtype,
                                        trust_remote_code=inputs.trust_remote_code)
-        if memo is not None:  # the memo's target comes with its plugins applied
+        if kept is not None:  # the kept's target comes with its plugins applied
             if name == "target":
-                return memo.target(inputs.source, profile, load)
-            return memo.side(name, inputs.source, profile.device, profile.dtype, load)
+                return kept.target(inputs.source, profile, load)
+            return kept.side(name, inputs.source, profile.device, profile.dtype, load)
         return Side(name, load(), profile.device, profile.plugins if name == "target" else None)
 
     def side(name, profile, bank, part):
@@ -165,7 +165,7 @@ def load_sides(plan: BankPlan, *, streamed: bool, inputs, reference, control_pro
     tgt = None
     if not same:
         tgt = live("target", target)
-        if not streamed and memo is None:
+        if not streamed and kept is None:
             apply_plugins(tgt.model, target.plugins)
     progress.update("models", total, total, detail="streamed: skeletons built, no weights"
                     if streamed else "models ready")

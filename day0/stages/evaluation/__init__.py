@@ -30,6 +30,11 @@ class Evaluation(Stage):
     def core(self):
         return import_core(__name__)  # torch, transformers and lm-eval: only when it runs
 
+    def warm(self) -> None:
+        from day0.stages.evaluation.sides import warm
+
+        warm()
+
     check_gates = staticmethod(preflight.check_gates)
     evidence = staticmethod(report.evidence)
     files = staticmethod(report.files)

@@ -33,6 +33,9 @@ class Scan(Stage):
     def core(self):
         return import_core(__name__)  # torch and transformers: only when it runs
 
+    def warm(self) -> None:
+        from day0.stages.scan import meta  # noqa: F401 - what run() imports for the meta forward
+
     def evidence(self, result: dict) -> dict:
         """report.json keeps coverage and the op names that matter; stages/scan.json keeps all."""
         return {k: result[k] for k in ("coverage", "uncovered", "long_tail") if k in result}

@@ -133,11 +133,10 @@ def common_ops() -> list[str]:
 
 # -- the stage --------------------------------------------------------------------------------
 def run(config: Config, inputs: StageInputs) -> Result:
-    import torch
-
     from day0.checkpoint_io import read_config
     from day0.modeling import resolve_config
     from day0.stages.scan.meta import meta_scan
+    from day0.torchkit.dtypes import torch_dtype
 
     start = time.perf_counter()
     progress.plan({"layers": 4, "probe": 1})
@@ -146,7 +145,7 @@ def run(config: Config, inputs: StageInputs) -> Result:
     if target.op_manifest:
         manifest = _matcher(read_op_list(target.op_manifest, "op_manifest"))
     data, file = read_config(inputs.source)  # s3: one LIST + one GET
-    dtype = getattr(torch, target.dtype)
+    dtype = torch_dtype(target.dtype)
 
     def resolved():  # the probe needs its own copy: the meta scan sets implementation fields
         return resolve_config(data, trust_remote_code=inputs.trust_remote_code, file=file)
