@@ -121,7 +121,8 @@ class GateResult(BaseModel):
 def metric_catalog() -> dict[str, dict]:
     """Every metric a registered stage can produce: name -> {description, unit, stage}.
 
-    Each stage declares its metrics in its metrics file (day0.contract.Stage.metrics_name), named ``<stage>.*``."""
+    Each stage declares its metrics in its folder's metrics file (day0.contract.Stage), named
+    ``<stage>.*``; ``measured: true`` marks a figure of the machine at that moment."""
     from day0 import stages
 
     catalog: dict[str, dict] = {}

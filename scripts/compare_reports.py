@@ -3,8 +3,10 @@
     python scripts/compare_reports.py BEFORE AFTER [--tol 1e-6]
 
 Prints one line per metric that differs by more than tol (relative to max(1, |before|)), and
-per verdict that differs; exit 1 when anything does. Timings (seconds, bytes read) are not
-metrics a refactor must keep and are left out with --ignore.
+per verdict that differs; exit 1 when anything does. Figures of the machine at that moment (a
+stage's metrics.yaml marks them ``measured: true``: latencies, rates, memory slopes) differ
+between any two runs and are not compared (counted; --measured compares them too), nor are the
+metrics named with --ignore.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import json
 import math
 import sys
 from pathlib import Path
+
+from day0.gates import catalog_entry, metric_catalog
 
 
 def reports(path: Path) -> dict[str, dict]:
@@ -35,9 +39,12 @@ def main(argv=None) -> int:
     parser.add_argument("--tol", type=float, default=1e-6)
     parser.add_argument("--ignore", nargs="*", default=["analysis.bytes_read"],
                         help="metrics not compared (default: analysis.bytes_read)")
+    parser.add_argument("--measured", action="store_true",
+                        help="compare the measured figures too (latencies, rates, slopes)")
     args = parser.parse_args(argv)
     before, after = reports(args.before), reports(args.after)
-    differences, compared = [], 0
+    differences, compared, measured = [], 0, set()
+    catalog = metric_catalog()
     for name in sorted(set(before) | set(after)):
         if name not in before or name not in after:
             differences.append(f"{name}: only in {'after' if name in after else 'before'}")
@@ -47,6 +54,9 @@ def main(argv=None) -> int:
             differences.append(f"{name}: verdict {b['verdict']} -> {a['verdict']}")
         for metric in sorted(set(b["metrics"]) | set(a["metrics"])):
             if metric in args.ignore:
+                continue
+            if not args.measured and (catalog_entry(metric, catalog) or {}).get("measured"):
+                measured.add(metric)
                 continue
             x, y = number(b["metrics"].get(metric)), number(a["metrics"].get(metric))
             compared += 1
@@ -59,7 +69,8 @@ def main(argv=None) -> int:
     for line in differences:
         print(line)
     print(f"{len(before)} reports, {compared} metrics compared, {len(differences)} differences "
-          f"(tol {args.tol:g})")
+          f"(tol {args.tol:g})" + (f"; {len(measured)} measured figures not compared (--measured)"
+                                   if measured else ""))
     return 1 if differences else 0
 
 
