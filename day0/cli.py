@@ -61,29 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--trust-remote-code", action="store_true", help="allow the model's own code (auto_map)")
     _add_target_args(p)
 
-    p = sub.add_parser("validate", help="run the validate Prefect flow and print the gated verdict",
-                       description="analysis -> scan + alignment -> gates.yaml -> verdict. Exit codes: "
-                                   "0 PASS, 1 FAIL (the target), 2 bad input or config, 3 ERROR (a "
-                                   "stage could not finish), 4 internal error, 5 BROKEN (the "
-                                   "checkpoint itself is broken).")
-    p.add_argument("source", help="checkpoint folder")
-    _add_target_args(p)
-    p.add_argument("--gates", default=None, help="gates file (default ./gates.yaml or the shipped one)")
-    p.add_argument("--out", default=None, help="folder for report.json and report.md")
-    p.add_argument("--config", default=None, help="YAML with per-stage settings: {analysis: {...}, scan: {...}, alignment: {...}}")
-    p.add_argument("--no-cache", action="store_true", help="recompute every stage")
-    p.add_argument("--stages", default=None, type=lambda v: [s for s in v.split(",") if s],
-                   metavar="A,B", help=(
-                       "run only these stages (and what they need), e.g. smoke,api_alignment; "
-                       "default every stage for the target's kind (`day0 stages`)"))
-    p.add_argument("--revision", default=None, help=(
-        "the release's revision: names the results path and keys the reference perplexity "
-        "stored for later runs of this model and revision"))
-    _add_stage_options(p)
-    p.add_argument("--json", action="store_true", help="print report.json instead of the table")
-    p.add_argument("--trust-remote-code", action="store_true", help="allow the model's own code (auto_map)")
-    p.add_argument("--deployment", default=None, metavar="NAME",
-                   help="run on a served deployment (e.g. validate/day0) via PREFECT_API_URL and wait")
+    _add_validate_parser(sub)
 
     p = sub.add_parser("reference", help="compute the reference bank ahead of time (no target)",
                        description="Run the reference (cpu/float32) and the control at each "
@@ -125,6 +103,32 @@ def _parser() -> argparse.ArgumentParser:
     _add_stack_parser(sub)
     _add_server_parser(sub)
     return parser
+
+
+def _add_validate_parser(sub) -> None:
+    p = sub.add_parser("validate", help="run the validate Prefect flow and print the gated verdict",
+                       description="analysis -> scan + alignment -> gates.yaml -> verdict. Exit codes: "
+                                   "0 PASS, 1 FAIL (the target), 2 bad input or config, 3 ERROR (a "
+                                   "stage could not finish), 4 internal error, 5 BROKEN (the "
+                                   "checkpoint itself is broken).")
+    p.add_argument("source", help="checkpoint folder")
+    _add_target_args(p)
+    p.add_argument("--gates", default=None, help="gates file (default ./gates.yaml or the shipped one)")
+    p.add_argument("--out", default=None, help="folder for report.json and report.md")
+    p.add_argument("--config", default=None, help="YAML with per-stage settings: {analysis: {...}, scan: {...}, alignment: {...}}")
+    p.add_argument("--no-cache", action="store_true", help="recompute every stage")
+    p.add_argument("--stages", default=None, type=lambda v: [s for s in v.split(",") if s],
+                   metavar="A,B", help=(
+                       "run only these stages (and what they need), e.g. smoke,api_alignment; "
+                       "default every stage for the target's kind (`day0 stages`)"))
+    p.add_argument("--revision", default=None, help=(
+        "the release's revision: names the results path and keys the reference perplexity "
+        "stored for later runs of this model and revision"))
+    _add_stage_options(p)
+    p.add_argument("--json", action="store_true", help="print report.json instead of the table")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow the model's own code (auto_map)")
+    p.add_argument("--deployment", default=None, metavar="NAME",
+                   help="run on a served deployment (e.g. validate/day0) via PREFECT_API_URL and wait")
 
 
 def _add_hooks_parser(sub) -> None:

@@ -51,6 +51,49 @@ def _outcome(future) -> StageOutcome:
     return outcome
 
 
+def _run_waves(waves: list[list[str]], inputs: StageInputs, configs: dict, use_cache: bool,
+               weights: str, engine_error: str | None, logger):
+    """Each wave's stages in parallel, a wave after the previous one; a stage whose needs failed
+    is skipped with the reason. (outcomes, skipped, facts, the SIGTERM that interrupted it)."""
+    outcomes, skipped, facts = {}, {}, {}
+    interrupted: TerminationSignal | None = None
+    for wave in waves:
+        if interrupted:
+            skipped.update({name: "not run: the run was interrupted (SIGTERM)" for name in wave})
+            continue
+        futures = {}
+        try:
+            for name in wave:
+                if reason := pipeline.blocked(name, outcomes, skipped):
+                    skipped[name] = reason
+                    continue
+                if engine_error and registry.get(name).uses_endpoint:
+                    outcomes[name] = pipeline.without_engine(name, engine_error)
+                    continue
+                stage_inputs, required = pipeline.stage_inputs(name, inputs, outcomes)
+                futures[name] = run_stage_task.submit(
+                    name, registry.get(name).locator, configs.get(name, {}), stage_inputs,
+                    dict(facts), use_cache, weights, required)
+            for name, future in futures.items():
+                outcomes[name] = _outcome(future)
+                facts.update(pipeline.facts_of(name, outcomes[name]))
+        except TerminationSignal as exc:
+            # SIGTERM (a worker cancelling, `kill`): the running stages get it too (a soak
+            # stops its load and reports what it measured), the report is still written,
+            # then the run ends as Prefect ends a terminated one; a second SIGTERM: at once
+            interrupted = exc
+            logger.warning("SIGTERM: stopping the running stages; the report keeps what "
+                           "they measured")
+            interrupt_running(exc.signal)
+            for name, future in futures.items():
+                if name not in outcomes:
+                    outcomes[name] = _outcome(future)
+            for name in wave:
+                if name not in outcomes:
+                    skipped.setdefault(name, "not run: the run was interrupted (SIGTERM)")
+    return outcomes, skipped, facts, interrupted
+
+
 # persisted so `day0 validate --deployment` can read the report of a served run: as JSON under
 # day0's cache dir, never pickled (flows.results; the storage is resolved at import)
 @flow(name="validate", flow_run_name=_run_name, persist_result=True,
@@ -88,45 +131,10 @@ def validate(source: str, target: str | None = "cpu-bf16", target_file: str | No
     where = (release.model, release.revision, target_profile.name)
     label_run(flow_run.id, logger, name=labels.run_name(*where), tags=labels.run_tags(*where))
 
-    outcomes, skipped, facts = {}, {}, {}
-    interrupted: TerminationSignal | None = None
     with engine_session(target_profile, source, pipeline.needs_endpoint(waves), logger) as engine:
         inputs = inputs.model_copy(update={"endpoint": engine.endpoint})
-        for wave in waves:
-            if interrupted:
-                skipped.update({name: "not run: the run was interrupted (SIGTERM)"
-                                for name in wave})
-                continue
-            futures = {}
-            try:
-                for name in wave:
-                    if reason := pipeline.blocked(name, outcomes, skipped):
-                        skipped[name] = reason
-                        continue
-                    if engine.error and registry.get(name).uses_endpoint:
-                        outcomes[name] = pipeline.without_engine(name, engine.error)
-                        continue
-                    stage_inputs, required = pipeline.stage_inputs(name, inputs, outcomes)
-                    futures[name] = run_stage_task.submit(
-                        name, registry.get(name).locator, configs.get(name, {}), stage_inputs,
-                        dict(facts), use_cache, weights, required)
-                for name, future in futures.items():
-                    outcomes[name] = _outcome(future)
-                    facts.update(pipeline.facts_of(name, outcomes[name]))
-            except TerminationSignal as exc:
-                # SIGTERM (a worker cancelling, `kill`): the running stages get it too (a soak
-                # stops its load and reports what it measured), the report is still written,
-                # then the run ends as Prefect ends a terminated one; a second SIGTERM: at once
-                interrupted = exc
-                logger.warning("SIGTERM: stopping the running stages; the report keeps what "
-                               "they measured")
-                interrupt_running(exc.signal)
-                for name, future in futures.items():
-                    if name not in outcomes:
-                        outcomes[name] = _outcome(future)
-                for name in wave:
-                    if name not in outcomes:
-                        skipped.setdefault(name, "not run: the run was interrupted (SIGTERM)")
+        outcomes, skipped, facts, interrupted = _run_waves(waves, inputs, configs, use_cache,
+                                                           weights, engine.error, logger)
 
     concluded = pipeline.conclude(gate_file, target_profile, outcomes, skipped, facts)
     run_id = identity.new_run_id(str(flow_run.id) if flow_run.id else None)
