@@ -1,4 +1,4 @@
-# day0 image: the engine, the Prefect flows and the stage contract (`python -m day0.stage SPEC RESULT`).
+# day0 image: the engine, the Prefect flows and the stage contract (`python -m day0.execution.stage SPEC RESULT`).
 #
 # Build (what `make images` does, offline, on a Debian base made by debootstrap):
 #   scripts/build_images.sh        # -> day0/base:bookworm, build/wheelhouse/*.whl, day0:local
@@ -11,7 +11,7 @@
 #    day0 itself is installed with --no-deps)
 #
 # No ENTRYPOINT: the Prefect Docker worker and day0's docker runner pass full commands, e.g.
-#   docker run --rm day0:local python -m day0.stage SPEC RESULT
+#   docker run --rm day0:local python -m day0.execution.stage SPEC RESULT
 #   docker run --rm day0:local prefect flow-run execute
 # The venv (/opt/day0/venv) is first on PATH; the app folder /opt/day0/app holds flows/, tasks/,
 # deploy/ and gates.yaml and is the working directory ($DAY0_HOME, see deploy/prefect.yaml).

@@ -63,7 +63,7 @@ engine:
 	scripts/engine_venv.sh
 
 # import-linter contracts in pyproject.toml: engine/Prefect adapter, stage independence, a
-# torch-free receiver, no import cycles (tests/test_layers.py shows each one failing)
+# torch-free receiver, the core groups as layers, no import cycles (tests/test_layers.py shows each one failing)
 lint: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache --no-logo
 

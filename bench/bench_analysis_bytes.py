@@ -39,9 +39,9 @@ def make_llama(folder: Path, *, hidden: int, layers: int, vocab: int, dtype: str
 
 def measure(label: str, source: Path) -> dict:
     from day0.stages.analysis import core as analysis
-    from day0.checkpoint import read_checkpoint
-    from day0.contract import StageInputs
-    from day0.targets import resolve_target
+    from day0.checkpoint.headers import read_checkpoint
+    from day0.execution.contract import StageInputs
+    from day0.execution.targets import resolve_target
 
     started = time.perf_counter()
     ckpt = read_checkpoint(source)

@@ -7,7 +7,7 @@ config.json; deleted afterwards, never committed) and prints, side by side, seco
 
 * the old digest: sha256 of every file memoised by (path, size, mtime) - its first run, and its
   repeat (a memo hit, which is what let an in-place edit with the mtime restored go stale);
-* day0.identity.weights_digest now: xxh3-128 of every byte on every run, cold and warm page cache;
+* day0.store.identity.weights_digest now: xxh3-128 of every byte on every run, cold and warm page cache;
 * plain sha256 of every byte, cold and warm, for scale.
 
 "Cold": each file's pages are dropped from the page cache first (fsync + POSIX_FADV_DONTNEED, no
@@ -100,7 +100,7 @@ def main() -> None:
         folder, cache = Path(tmp) / "ckpt", Path(tmp) / "cache"
         folder.mkdir()
         os.environ["DAY0_CACHE_DIR"] = str(cache)
-        from day0.identity import weights_digest
+        from day0.store.identity import weights_digest
 
         make_checkpoint(folder, int(args.gb * 1e9))
         size = sum(f.stat().st_size for f in folder.iterdir())

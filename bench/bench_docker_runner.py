@@ -20,10 +20,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from day0.contract import StageInputs  # noqa: E402
-from day0.runners import run_on_target  # noqa: E402
-from day0.stage import StageSpec  # noqa: E402
-from day0.targets import Target  # noqa: E402
+from day0.execution.contract import StageInputs  # noqa: E402
+from day0.execution.runners import run_on_target  # noqa: E402
+from day0.execution.stage import StageSpec  # noqa: E402
+from day0.execution.targets import Target  # noqa: E402
 
 MODEL = ROOT / "tests" / "fixtures" / "models" / "tiny-llama"
 TEXT = ROOT / "tests" / "fixtures" / "text" / "heldout.txt"

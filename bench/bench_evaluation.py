@@ -34,9 +34,9 @@ TASKS = ["day0_knowledge", "day0_code", "day0_math", "day0_long_context", "day0_
 
 
 def stage(model: Path, tasks: list[str]) -> tuple[float, int, int]:
-    from day0.contract import StageInputs
+    from day0.execution.contract import StageInputs
     from day0.stages.evaluation.core import Config, run
-    from day0.targets import resolve_target
+    from day0.execution.targets import resolve_target
 
     start = time.monotonic()
     result = run(Config(tasks=tasks, reference="run"),
@@ -46,7 +46,7 @@ def stage(model: Path, tasks: list[str]) -> tuple[float, int, int]:
 
 
 def task_folder(model: Path, task: str, folder: Path) -> None:
-    from day0.checkpoint_io import read_config_dict
+    from day0.checkpoint.files import read_config_dict
     from day0.stages.evaluation.config import Config
     from day0.stages.evaluation.core import RESERVED_TOKENS
     from day0.stages.evaluation.tasks import prepare

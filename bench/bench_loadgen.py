@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 from day0.engines.loadgen import LoadRun, TraceEntry, replay  # noqa: E402
 from day0.engines.process import engine_python, free_port  # noqa: E402
 from day0.engines.settings import Endpoint  # noqa: E402
-from day0.targets import resolve_target  # noqa: E402
+from day0.execution.targets import resolve_target  # noqa: E402
 
 MODEL = ROOT / "tests" / "fixtures" / "models" / "tiny-llama"
 

@@ -43,7 +43,7 @@ def llama_config(hidden: int, layers: int, vocab: int) -> dict:
 
 def tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     """Every parameter transformers' class holds for this config (meta device: no memory)."""
-    from day0.modeling import build_meta_model, resolve_config
+    from day0.checkpoint.modeling import build_meta_model, resolve_config
 
     model = build_meta_model(resolve_config(config))
     return {name: tuple(p.shape) for name, p in model.state_dict().items()}
@@ -124,9 +124,9 @@ def main(argv=None) -> int:
             print(f"uploaded to {uri} in {upload_s:.1f} s (multipart)")
 
             from day0.stages.analysis import core as analysis
-            from day0.contract import StageInputs
-            from day0.storage import s3_client
-            from day0.targets import resolve_target
+            from day0.execution.contract import StageInputs
+            from day0.store.s3 import s3_client
+            from day0.execution.targets import resolve_target
 
             requests = count_requests(s3_client())
             target = resolve_target("cpu-bf16")

@@ -4,7 +4,7 @@ Run: ``.venv/bin/python bench/bench_scan.py [--target cpu-bf16] [--no-probe] [--
 [--configs DeepSeek-V3 Llama-3.1-8B Mixtral-8x7B-v0.1]``
 
 Each scan runs in its own subprocess (a fresh interpreter, as the stage runner does), so its
-peak RSS is its own: the child reports its ``VmHWM`` (``day0.memory.peak_rss_bytes``), the
+peak RSS is its own: the child reports its ``VmHWM`` (``day0.execution.memory.peak_rss_bytes``), the
 parent also reads ``RUSAGE_CHILDREN`` (the largest child so far) as a cross-check. Wall time includes starting
 Python and importing torch/transformers; ``stage s`` is the scan alone.
 """
@@ -25,10 +25,10 @@ DEFAULT = ["DeepSeek-V3", "Llama-3.1-8B", "Mixtral-8x7B-v0.1"]
 
 CHILD = """
 import json, sys
-from day0 import memory
+from day0.execution import memory
 from day0.stages.scan import core as scan
-from day0.contract import StageInputs
-from day0.targets import resolve_target
+from day0.execution.contract import StageInputs
+from day0.execution.targets import resolve_target
 r = scan.run(scan.Config(seq_len=int(sys.argv[3]), probe=sys.argv[4] == "1"),
              StageInputs(source=sys.argv[1], target=resolve_target(sys.argv[2])))
 print(json.dumps({"stage_s": r.seconds, "rss": memory.peak_rss_bytes(), "ops": len(r.ops),

@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from day0.memory import rss_bytes  # noqa: E402
+from day0.execution.memory import rss_bytes  # noqa: E402
 from scripts.make_random_checkpoint import layout, make  # noqa: E402
 
 CONFIGS = ROOT / "tests" / "fixtures" / "configs"

@@ -86,7 +86,7 @@ def texts(repeats: int, first: Path | None) -> list[tuple[str, Path | None]]:
 
 
 def judge(result, target, gates_file):
-    from day0.gates import GatesFile, evaluate, verdict
+    from day0.verdict.gates import GatesFile, evaluate, verdict
 
     alignment = GatesFile(gates=[g for g in gates_file.gates if g.metric.startswith("alignment.")])
     results = evaluate(alignment, result.metrics(), is_moe=bool(result.routers),
@@ -97,8 +97,8 @@ def judge(result, target, gates_file):
 
 def run_case(source, text, kept, name, dtype, plugins, claim, gates_file):
     from day0.stages.alignment.core import Config, run
-    from day0.contract import StageInputs
-    from day0.targets import Target
+    from day0.execution.contract import StageInputs
+    from day0.execution.targets import Target
 
     target = Target(name=name.replace(" ", "-"), device="cpu", dtype=dtype, claim=claim,
                     plugins=[str(PLUGINS / f"{p}.py") for p in plugins])
@@ -217,7 +217,7 @@ def summary(model: str, rows: list[dict]) -> str:
 
 
 def main() -> int:
-    from day0.gates import load_gates
+    from day0.verdict.gates import load_gates
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--source", help="a checkpoint folder (default: SmolLM2-135M-Instruct)")

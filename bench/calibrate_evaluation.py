@@ -52,10 +52,10 @@ def smollm2() -> str:
 
 def case(source: str, name: str, dtype: str, plugins: list[str], store: str,
          settings: dict) -> dict:
-    from day0.contract import StageInputs
-    from day0.gates import evaluate, load_gates
+    from day0.execution.contract import StageInputs
+    from day0.verdict.gates import evaluate, load_gates
     from day0.stages.evaluation.core import Config, run
-    from day0.targets import Target
+    from day0.execution.targets import Target
 
     target = Target(name=f"cpu-{dtype}", device="cpu", dtype=dtype,
                     plugins=[str(PLUGINS / f"{p}.py") for p in plugins])

@@ -25,10 +25,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from day0.contract import StageInputs  # noqa: E402
-from day0.stage import StageSpec, execute  # noqa: E402
+from day0.execution.contract import StageInputs  # noqa: E402
+from day0.execution.stage import StageSpec, execute  # noqa: E402
 from day0.stages.performance.core import Result  # noqa: E402
-from day0.targets import Target  # noqa: E402
+from day0.execution.targets import Target  # noqa: E402
 
 from bench.calibrate_performance import row as judged_row, show  # noqa: E402
 

@@ -30,12 +30,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from day0.contract import StageInputs  # noqa: E402
+from day0.execution.contract import StageInputs  # noqa: E402
 from day0.engines.process import launched  # noqa: E402
-from day0.gates import evaluate, load_gates  # noqa: E402
-from day0.stage import StageSpec, execute  # noqa: E402
+from day0.verdict.gates import evaluate, load_gates  # noqa: E402
+from day0.execution.stage import StageSpec, execute  # noqa: E402
 from day0.stages.performance.core import Result  # noqa: E402
-from day0.targets import resolve_target  # noqa: E402
+from day0.execution.targets import resolve_target  # noqa: E402
 
 
 def measure(model: str, endpoint, store: str, **config) -> Result:

@@ -25,7 +25,7 @@ def _add_target_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_stage_options(p: argparse.ArgumentParser) -> None:
-    """The options the registered stages add (day0.contract.Option), each named by its stage."""
+    """The options the registered stages add (day0.execution.contract.Option), each named by its stage."""
     from day0 import stages
 
     group = p.add_argument_group("options the stages add (`day0 stages`)")
@@ -214,7 +214,9 @@ def cmd_scan(args) -> int:
 
 
 def cmd_validate(args) -> int:
-    from day0 import report as reporting, request_rules
+    from day0.verdict import report as reporting
+    from day0.rendering import report as rendering
+    from day0 import request_rules
     from day0.orchestration import local
 
     # bad source, target, gates or stage settings: exit 2 before Prefect starts
@@ -231,9 +233,9 @@ def cmd_validate(args) -> int:
     if error is not None:
         print(f"day0: error: {error}", file=sys.stderr)
         return code
-    print(report.model_dump_json(indent=2) if args.json else reporting.verdict_table(report))
+    print(report.model_dump_json(indent=2) if args.json else rendering.verdict_table(report))
     # first divergent layer, report path, results URI (stderr with --json: stdout stays JSON)
-    for line in reporting.closing_lines(report, req.out):
+    for line in rendering.closing_lines(report, req.out):
         print(line, file=sys.stderr if args.json else sys.stdout)
     return code
 
@@ -264,7 +266,7 @@ def cmd_serve(args) -> int:
 
 
 def cmd_targets(args) -> int:
-    from day0.targets import available_targets
+    from day0.execution.targets import available_targets
 
     targets = available_targets().values()
     width = max(len(t.name) for t in targets)
@@ -301,7 +303,7 @@ def cmd_stages(args) -> int:
 
 
 def cmd_metrics(args) -> int:
-    from day0.gates import metric_catalog
+    from day0.verdict.gates import metric_catalog
 
     for name, info in sorted(metric_catalog().items()):
         print(f"{name:<44} {info.get('unit', ''):<10} {info.get('description', '')}")
@@ -309,7 +311,7 @@ def cmd_metrics(args) -> int:
 
 
 def cmd_gates(args) -> int:
-    from day0.gates import default_gates_path, load_gates
+    from day0.verdict.gates import default_gates_path, load_gates
 
     parsed = load_gates(args.file)
     print(f"{args.file or default_gates_path()}: {len(parsed.gates)} gates OK")

@@ -31,12 +31,12 @@ class ValidateRequest(BaseModel):
     trust_remote_code: bool = Field(False, description="Allow the model's own code (auto_map).")
     model: str | None = Field(None, description=(
         "The model's name as the release names it (e.g. acme/tiny-llama); default from the "
-        "source (day0.identity)."))
+        "source (day0.store.identity)."))
     revision: str | None = Field(None, description=(
-        "The release's revision; default a digest of the weights (day0.identity)."))
+        "The release's revision; default a digest of the weights (day0.store.identity)."))
     options: dict[str, str | bool] | None = Field(None, description=(
         "Options the stages add, by name (`day0 stages` lists them), e.g. {duration: 10h, "
-        "promote_baseline: true}: each sets its stage's setting (day0.contract.Option)."))
+        "promote_baseline: true}: each sets its stage's setting (day0.execution.contract.Option)."))
 
     def as_parameters(self) -> dict:
         """Flow-run parameters: only what differs from the defaults (short, readable runs).

@@ -16,7 +16,7 @@ def check_source(source: str) -> str:
     """source as a run gets it: an s3:// URI of valid form, or an existing local path made
     absolute (the flow may run in another working directory). Raises InputError."""
     if source.startswith("s3://"):
-        from day0.storage import parse_s3_uri
+        from day0.store.s3 import parse_s3_uri
 
         parse_s3_uri(source)  # malformed URI: exit 2 here; a missing prefix: the stage says so
         return source
@@ -54,16 +54,16 @@ def build(source: str, *, target: str | None = None, target_file: str | None = N
           stages: list[str] | None = None, options: dict | None = None) -> ValidateRequest:
     """A checked request from command-line values; raises InputError/ConfigError (exit 2)
     before any run starts. deployment: the request goes to that deployment's workers.
-    options: the stages' options by name (day0.contract.Option); None and False are unset."""
-    from day0.gates import load_gates
-    from day0.targets import resolve_target
+    options: the stages' options by name (day0.execution.contract.Option); None and False are unset."""
+    from day0.verdict.gates import load_gates
+    from day0.execution.targets import resolve_target
 
     source = check_source(source)
     profile = resolve_target(target, target_file)
     if deployment and target_file:
         raise ConfigError("--target-file is read on this machine only", field="--target-file",
                           fix="with --deployment, name a target the worker knows (--target NAME)")
-    from day0 import pipeline
+    from day0.verdict import pipeline
     from day0 import stages as registry
 
     gate_file = load_gates(gates)
@@ -82,9 +82,9 @@ def build(source: str, *, target: str | None = None, target_file: str | None = N
 
 def stage_inputs(source: str, *, target: str | None = None, target_file: str | None = None,
                  trust_remote_code: bool = False):
-    """day0.contract.StageInputs for running one stage here (`day0 analyze`, `day0 scan`)."""
-    from day0.contract import StageInputs
-    from day0.targets import resolve_target
+    """day0.execution.contract.StageInputs for running one stage here (`day0 analyze`, `day0 scan`)."""
+    from day0.execution.contract import StageInputs
+    from day0.execution.targets import resolve_target
 
     check_source(source)
     return StageInputs(source=source, target=resolve_target(target, target_file),
@@ -92,7 +92,7 @@ def stage_inputs(source: str, *, target: str | None = None, target_file: str | N
 
 
 def exit_status(report) -> tuple[int, str | None]:
-    """(exit code, error line) of a day0.report.Report: 2 when a stage refused its input or
+    """(exit code, error line) of a day0.verdict.report.Report: 2 when a stage refused its input or
     config (the same code as when the CLI itself refuses them), else the verdict's code."""
     refused = [s for s in report.stages.values() if s.failure in ("input", "config")]
     if refused:

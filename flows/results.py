@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from day0.identity import cache_dir
+from day0.store.identity import cache_dir
 from day0.errors import StageError
 
 RESULTS_FOLDER = "flow-results"

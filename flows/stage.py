@@ -1,7 +1,7 @@
 """The `day0-stage` flow: one stage of a validation, run inside a work pool's job.
 
 Deployed as ``day0-stage/docker`` and ``day0-stage/kubernetes`` (deploy/prefect.yaml) and
-submitted by ``day0.runners.deployment`` for targets with ``runner: deployment``. It runs the
+submitted by ``day0.execution.runners.deployment`` for targets with ``runner: deployment``. It runs the
 stage with the process runner inside the job (the target's limits or the stage budget; its
 ``runner`` is ignored here), writes the StageOutcome JSON to ``result_uri`` and returns it.
 A stage that fails is a failed outcome in a Completed run (the parent's gates read the reason);
@@ -19,8 +19,8 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 from prefect.states import Completed
 
-from day0.runners.deployment import write_outcome
-from day0.stage import StageSpec, run_stage
+from day0.execution.runners.deployment import write_outcome
+from day0.execution.stage import StageSpec, run_stage
 from tasks.progress import StageProgress
 
 

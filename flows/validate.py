@@ -5,7 +5,7 @@ Run it: ``day0 validate SOURCE --target cpu-bf16`` or, against a server,
 day0.request.ValidateRequest's; the flow names no stage: each wave's stages run in parallel,
 a stage runs when what it requires (or runs after) succeeded on a sound checkpoint.
 
-The run ends in a state named after the verdict (day0.labels): Completed "PASS", or Failed
+The run ends in a state named after the verdict (day0.rendering.labels): Completed "PASS", or Failed
 "FAIL" / "ERROR" / "BROKEN", its message the report's headline, report.json its (JSON) result;
 call it with ``return_state=True`` and read ``flows.results.report_of(state)``. It is named
 ``<model>@<revision> on <target>`` and tagged model:/revision:/target:/verdict:.
@@ -21,12 +21,17 @@ from prefect.runtime import flow_run
 from prefect.states import Completed, Failed, State
 from prefect.utilities.annotations import quote
 
-from day0 import gates as gating
-from day0 import identity, labels, pipeline, stagehost, stages as registry
-from day0 import report as reporting
-from day0.contract import StageInputs
-from day0.stage import StageOutcome, interrupt_running
-from day0.targets import REFERENCE, resolve_target
+from day0.verdict import gates as gating
+from day0.store import identity
+from day0.rendering import labels
+from day0.verdict import pipeline
+from day0.execution import stagehost
+from day0 import stages as registry
+from day0.verdict import report as reporting
+from day0.rendering import publish as publishing
+from day0.execution.contract import StageInputs
+from day0.execution.stage import StageOutcome, interrupt_running
+from day0.execution.targets import REFERENCE, resolve_target
 from flows.results import result_storage
 from tasks.artifacts import label_run, publish_artifacts
 from tasks.engine import engine_session
@@ -106,7 +111,7 @@ def validate(source: str, target: str | None = "cpu-bf16", target_file: str | No
     """Validate the checkpoint at `source` on `target`; ends in the verdict's state with
     report.json (a dict) as its result.
 
-    model and revision name the release (day0.identity: default the source's name and a digest
+    model and revision name the release (day0.store.identity: default the source's name and a digest
     of its weights); every run is kept under <results>/<model>/<revision>/<target>/runs/<run>/
     with latest.json naming the newest. options: the stages' own options by name (`day0
     stages`), e.g. {"promote_baseline": true} stores this run's performance figures as the
@@ -144,7 +149,7 @@ def validate(source: str, target: str | None = "cpu-bf16", target_file: str | No
         checkpoint_problems=concluded.checkpoint_problems, engine=engine.endpoint,
         identity={"model": release.model, "revision": release.revision,
                   "weights_digest": release.weights_digest, "run_id": run_id})
-    plots = reporting.plots(report, logger)
+    plots = publishing.plots(report, logger)
     report_json = report.model_dump(mode="json")
     # quoted: Prefect would walk the report, outcomes and plots twice looking for futures
     # (0.8 s of a validation's flow process); they hold none

@@ -17,7 +17,7 @@ import math
 import sys
 from pathlib import Path
 
-from day0.gates import catalog_entry, metric_catalog
+from day0.verdict.gates import catalog_entry, metric_catalog
 
 
 def reports(path: Path) -> dict[str, dict]:

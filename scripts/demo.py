@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     started = time.monotonic()
-    from day0 import stagehost
+    from day0.execution import stagehost
 
     stagehost.prewarm()  # the stage host's imports overlap the server's start
     server = None

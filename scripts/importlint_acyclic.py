@@ -2,7 +2,7 @@
 
 import-linter's own ``acyclic_siblings`` squashes each package into one node, so it reports
 cycles between packages, not between modules, and says nothing about a module pair inside one
-package (``day0.checkpoint`` <-> ``day0.checkpoint_match``). This contract finds every strongly
+package (``day0.checkpoint.headers`` <-> ``day0.checkpoint.match``). This contract finds every strongly
 connected component of the module graph (imports inside functions count: grimp sees them, and a
 function-level import that closes a loop is still a loop) and reports each as the shortest
 chain that closes it, with line numbers.

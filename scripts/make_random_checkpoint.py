@@ -30,7 +30,7 @@ def layout(config: dict) -> list[tuple[str, tuple[int, ...]]]:
     """(name, shape) of every tensor a checkpoint of this config holds."""
     import torch
 
-    from day0.modeling import build_meta_model, resolve_config
+    from day0.checkpoint.modeling import build_meta_model, resolve_config
 
     model = build_meta_model(resolve_config(dict(config)), dtype=torch.bfloat16)
     tied = bool(getattr(model.config, "tie_word_embeddings", False))

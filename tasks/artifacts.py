@@ -1,7 +1,7 @@
 """The report in the Prefect UI: the run's name and tags, and its artifacts.
 
 Artifacts are created with the flow run's id (never a task's): they hang off the run itself.
-Keys come from day0.labels: ``day0-<kind>-<model>-<target>``, the same key for every run of a
+Keys come from day0.rendering.labels: ``day0-<kind>-<model>-<target>``, the same key for every run of a
 model on a target, so Prefect's Artifacts page shows one history per (model, target), and each
 run's Artifacts tab lists its own cards. Plots are markdown artifacts with the PNG inline as a
 data: URI: the self-hosted UI renders those (an image artifact or a link to a file would need
@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import base64
 
-from day0 import labels
-from day0 import report as reporting
+from day0.rendering import labels
+from day0.verdict import report as reporting
+from day0.rendering import report as rendering
 
 
 def label_run(flow_run_id, logger, *, name: str | None = None, tags: list[str] = ()) -> None:
@@ -70,13 +71,13 @@ def publish_artifacts(report: reporting.Report, plots: dict[str, bytes], flow_ru
 
     create(MarkdownArtifact(
         key=labels.artifact_key("report", model, target), flow_run_id=flow_run_id,
-        markdown=reporting.to_markdown(report, images=uris),
+        markdown=rendering.to_markdown(report, images=uris),
         description=_summary(report, where)))
     create(TableArtifact(
         key=labels.artifact_key("gates", model, target), flow_run_id=flow_run_id,
-        table=reporting.gate_rows(report, markup=True),
+        table=rendering.gate_rows(report, markup=True),
         description=f"Release gates of {where}: failing first; observed vs threshold"))
-    for key, (description, rows) in reporting.stage_tables(report).items():
+    for key, (description, rows) in rendering.stage_tables(report).items():
         kind = key.removeprefix("day0-")
         create(TableArtifact(key=labels.artifact_key(kind, model, target),
                              flow_run_id=flow_run_id, table=rows,

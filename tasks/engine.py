@@ -14,7 +14,7 @@ from typing import Iterator
 
 from day0.engines.settings import Endpoint
 from day0.errors import Day0Error
-from day0.targets import Target
+from day0.execution.targets import Target
 
 
 @dataclass
@@ -29,7 +29,7 @@ def engine_session(target: Target, source: str, needed: bool, logger) -> Iterato
         yield EngineSession()
         return
     from day0.engines.process import endpoint_for
-    from day0.sources import local_checkpoint
+    from day0.store.sources import local_checkpoint
 
     with ExitStack() as stack:
         try:

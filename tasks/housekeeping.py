@@ -1,13 +1,13 @@
 """Housekeeping at the start of every `validate` flow run.
 
 A `day0 validate` killed by SIGKILL runs no cleanup: its stage processes and scratch folders are
-handled by day0.lifecycle, but its Prefect flow run would stay RUNNING forever. So each run
+handled by day0.execution.lifecycle, but its Prefect flow run would stay RUNNING forever. So each run
 
 * tags itself with the host and the owner token (pid + kernel start time) of its process:
   ``day0-host:<hostname>``, ``day0-owner:<pid>-<start>``;
 * sets Crashed every RUNNING `validate` run tagged with this host whose owner is dead;
-* removes scratch folders of dead owners (day0.lifecycle.sweep_scratch), and stage containers
-  a dead owner started on this host (day0.runners.docker.remove_orphaned_containers) when a
+* removes scratch folders of dead owners (day0.execution.lifecycle.sweep_scratch), and stage containers
+  a dead owner started on this host (day0.execution.runners.docker.remove_orphaned_containers) when a
   Docker engine is configured here.
 
 None of this may fail a validation: errors are logged as warnings.
@@ -19,7 +19,7 @@ import os
 import socket
 from pathlib import Path
 
-from day0 import lifecycle
+from day0.execution import lifecycle
 
 HOST_TAG = "day0-host:"
 OWNER_TAG = "day0-owner:"
@@ -74,7 +74,7 @@ def start_of_run(logger) -> None:
         logger.warning("could not sweep scratch folders: %s", exc)
     if os.environ.get("DOCKER_HOST") or Path("/var/run/docker.sock").exists():
         try:
-            from day0.runners.docker import remove_orphaned_containers
+            from day0.execution.runners.docker import remove_orphaned_containers
 
             for name in remove_orphaned_containers():
                 logger.info("removed stage container %s of a dead day0 process", name)

@@ -1,6 +1,6 @@
 """A running stage's progress in Prefect: one progress artifact per stage, readable log lines.
 
-The stage child prints ``day0-progress {...}`` lines (day0.progress); every runner streams them
+The stage child prints ``day0-progress {...}`` lines (day0.execution.progress); every runner streams them
 with the stage's log to ``StageProgress.line``, which keeps them out of the run's log, updates
 the stage's progress artifact (at most once a second) and logs a readable line at most every
 ``log_every_s`` (and when a part finishes). Other lines are logged as they come.
@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Callable
 
-from day0 import progress
+from day0.execution import progress
 
 LOG_EVERY_S = 10.0
 UPDATE_EVERY_S = 1.0

@@ -6,15 +6,17 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Failed
 
-from day0 import cache, labels, stages as registry
-from day0.contract import StageInputs
-from day0.runners import run_on_target
-from day0.stage import StageOutcome, StageSpec
+from day0.execution import cache
+from day0.rendering import labels
+from day0 import stages as registry
+from day0.execution.contract import StageInputs
+from day0.execution.runners import run_on_target
+from day0.execution.stage import StageOutcome, StageSpec
 from tasks.progress import StageProgress
 
 
 # never persisted: the flow persists its results, which would pickle task results too; stage
-# outcomes are cached by day0.cache as JSON
+# outcomes are cached by day0.execution.cache as JSON
 @task(name="stage", task_run_name="{stage}", cache_policy=NO_CACHE, persist_result=False)
 def run_stage_task(stage: str, locator: str, config: dict, inputs: StageInputs,
                    facts: dict | None = None, use_cache: bool = True, weights: str | None = None,
@@ -58,12 +60,13 @@ def publish_report_task(report_json: dict, out: str | None,
     """Report files (report.json, report.md, plots/<name>.png) in out, and on the object store
     (s3:// source or DAY0_RESULTS_URI); returns the results URI or None. The Prefect artifacts
     are the flow's (tasks/artifacts.py: attached to the flow run)."""
-    from day0 import report as reporting
+    from day0.verdict import report as reporting
+    from day0.rendering import publish as publishing
 
     report = reporting.Report.model_validate(report_json)
-    results_uri = reporting.publish_to_store(report, outcomes, get_run_logger(), plots)
+    results_uri = publishing.publish_to_store(report, outcomes, get_run_logger(), plots)
     if out:
-        json_path, md_path = reporting.write(report, out, plots,
-                                             reporting.stage_files(outcomes, get_run_logger()))
+        json_path, md_path = publishing.write(report, out, plots,
+                                             publishing.stage_files(outcomes, get_run_logger()))
         get_run_logger().info("report written to %s and %s", json_path, md_path)
     return results_uri

@@ -40,10 +40,10 @@ def day0_cache(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session", autouse=True)
 def kept_stage_host(day0_cache, tmp_path_factory):
     """day0's kept state in a folder of the session's (never a user's kept server or hosts), and
-    one warm stage host kept for the session (day0.stagehost.KeptHost, anchored to this
+    one warm stage host kept for the session (day0.execution.stagehost.KeptHost, anchored to this
     process): the in-process flows and the `day0 validate` subprocesses with the same
     environment all fork their stages from it, instead of each importing the stack again."""
-    from day0 import stagehost
+    from day0.execution import stagehost
     from day0.stack import procs
 
     os.environ["DAY0_SERVER_DIR"] = str(tmp_path_factory.mktemp("day0-server"))

@@ -123,7 +123,7 @@ class S3Server:
         return f"http://127.0.0.1:{self.ports['master']}"
 
     def env(self) -> dict[str, str]:
-        """Environment that points day0 (day0.storage) at this server."""
+        """Environment that points day0 (day0.store.s3) at this server."""
         return {"DAY0_S3_ENDPOINT": self.endpoint, "DAY0_S3_REGION": self.region,
                 "DAY0_S3_ACCESS_KEY": self.access_key, "DAY0_S3_SECRET_KEY": self.secret_key,
                 "DAY0_S3_ADDRESSING": "path"}

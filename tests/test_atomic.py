@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import os
 
-from day0 import cache
+from day0.execution import cache
 from day0.atomic import write_atomic
-from day0.runners.deployment import write_outcome
-from day0.stage import StageOutcome
-from day0.storage import write_results
+from day0.execution.runners.deployment import write_outcome
+from day0.execution.stage import StageOutcome
+from day0.store.s3 import write_results
 
 
 def plant(path, victim):

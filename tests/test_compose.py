@@ -167,7 +167,7 @@ def _artifacts(api: str, run_id: str) -> dict[str, dict]:
                       json={"artifacts": {"flow_run_id": {"any_": [run_id]}}})
     resp.raise_for_status()
     found = {a["key"]: a for a in resp.json() if a.get("key")}
-    # keys are day0-<kind>-<model>-<target> (day0.labels): the run's report also by its kind
+    # keys are day0-<kind>-<model>-<target> (day0.rendering.labels): the run's report also by its kind
     found.update({"day0-report": a for k, a in list(found.items()) if k.startswith("day0-report-")})
     return found
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 import yaml
 
-from day0 import labels
+from day0.rendering import labels
 from tests import breakers
 from tests.conftest import HELDOUT, MODELS, PLUGINS
 
@@ -161,7 +161,8 @@ def test_crashing_stage_gives_error_verdict(prefect_server, tmp_path):
     assert tasks["alignment"].is_failed() and tasks["alignment"].name == "ERROR"
     assert tasks["analysis"].is_completed()
     # its gates: one "not evaluated" row per stage, not a FAIL per gate
-    from day0.report import Report, gate_rows
+    from day0.verdict.report import Report
+    from day0.rendering.report import gate_rows
 
     rows = [r for r in gate_rows(Report.model_validate(report)) if r["result"] == "not evaluated"]
     stages_named = [r["reason"].split(":")[0] for r in rows]

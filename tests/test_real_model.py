@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from day0.stages.alignment.core import Config, KeptSides, run
-from day0.contract import StageInputs
-from day0.gates import GatesFile, evaluate, load_gates
-from day0.targets import Target
+from day0.execution.contract import StageInputs
+from day0.verdict.gates import GatesFile, evaluate, load_gates
+from day0.execution.targets import Target
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGINS = ROOT / "tests" / "plugins"

@@ -126,7 +126,7 @@ def served(inputs, stage: str) -> Served:
     """The engine a stage loads (StageError without one) and the checkpoint it serves."""
     from day0.engines.process import max_model_len
     from day0.errors import StageError
-    from day0.sources import local_checkpoint
+    from day0.store.sources import local_checkpoint
     from day0.torchkit.evaltext import checkpoint_dir
 
     if inputs.endpoint is None:

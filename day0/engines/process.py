@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
-from day0 import lifecycle
+from day0.execution import lifecycle
 from day0.engines.client import EngineClient, EngineError, EngineStartError
 from day0.engines.settings import PLACEHOLDER_RE, EngineSettings, Endpoint
 
@@ -40,7 +40,7 @@ def engine_python(settings: EngineSettings) -> str:
     # only finished installs (scripts/engine_venv.sh stamps a venv once vllm imports), where the
     # script puts them: per machine, not under a run's DAY0_CACHE_DIR
     roots = [Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "day0" / "engines"]
-    from day0.identity import cache_dir
+    from day0.store.identity import cache_dir
 
     roots.append(cache_dir() / "engines")
     found = sorted(stamp.parent / "bin" / "python"

@@ -48,9 +48,9 @@ def warm_up(request: ValidateRequest) -> None:
     """Start the warm stage host now, so that its imports overlap Prefect's (the flow would
     start it seconds later). Beside the kept server (`day0 server`, no PREFECT_API_URL) the
     host is a kept one: later commands with the same environment fork from it too."""
-    from day0 import stagehost
+    from day0.execution import stagehost
     from day0.orchestration import server
-    from day0.targets import resolve_target
+    from day0.execution.targets import resolve_target
 
     if not stagehost.enabled():
         return

@@ -22,11 +22,11 @@ import sys
 import time
 from pathlib import Path
 
-from day0 import lifecycle
+from day0.execution import lifecycle
 from day0.atomic import write_atomic
 from day0.errors import ConfigError, StackError
 from day0.orchestration import prefect_db
-from day0.paths import server_home
+from day0.store.paths import server_home
 from day0.stack import procs
 from day0.stack.core import _get
 
@@ -115,10 +115,10 @@ def start(root: str | Path | None = None, *, port: int | None = None,
 
 
 def keep_stage_host(root: Path) -> None:
-    """Beside the server, a kept warm stage host for this environment (day0.stagehost), started
+    """Beside the server, a kept warm stage host for this environment (day0.execution.stagehost), started
     in the background: the next validations fork their stages from it. It leaves with the
     server's watcher, or after the server's idle time without a stage."""
-    from day0 import stagehost
+    from day0.execution import stagehost
 
     state = read_state(root)
     if state is None or not stagehost.enabled() or root != home():
@@ -130,7 +130,7 @@ def keep_stage_host(root: Path) -> None:
 def keep_hosts_beside(state: dict) -> None:
     """Stage hosts this process starts from now on are kept, anchored to the server's watcher
     (state: read_state's) and idle as long as the server may be."""
-    from day0 import stagehost
+    from day0.execution import stagehost
 
     watcher = state["watcher"]
     stagehost.keep_beside(watcher["pid"], watcher.get("ticks"), float(state["idle_minutes"]) * 60)

@@ -4,7 +4,7 @@ Order of work for every POST: authenticate what can be authenticated from the he
 bodies over max_body_bytes (413, before reading more) -> verify body signatures -> bound the JSON
 (413 over limits.max_json_keys) -> parse JSON (400) -> validate the schema and every name (422)
 -> name the release (a signed release without a revision gets the one a manual run of its
-s3:// source computes, day0.identity, asked of the store on the check pool within
+s3:// source computes, day0.store.identity, asked of the store on the check pool within
 checks.timeout_s) -> write the journal durably -> answer 2xx -> wake the worker. Bad input is
 always a 4xx with {"detail": reason} (409: a release without a revision whose source holds no
 complete checkpoint yet); 5xx only means the receiver or what it depends on is in trouble
@@ -42,7 +42,7 @@ from day0.receiver.safety import EscapeFilter
 from day0.receiver.server import FramingGuard, uvicorn_config
 from day0.receiver.settings import ReceiverSettings, secret
 from day0.receiver.submit import Worker, watch
-from day0.storage import is_s3, parse_s3_uri
+from day0.store.s3 import is_s3, parse_s3_uri
 
 log = logging.getLogger("day0.receiver")
 log.addFilter(EscapeFilter())  # keys, names and store errors come from outside
@@ -94,7 +94,7 @@ def _ignored(request: Request, reason: str) -> JSONResponse:
 def _allowed_targets(settings: ReceiverSettings) -> set[str]:
     if settings.allowed_targets is not None:
         return set(settings.allowed_targets)
-    from day0.targets import available_targets
+    from day0.execution.targets import available_targets
 
     return set(available_targets()) | set(settings.targets)
 
@@ -140,7 +140,7 @@ class Receiver:
 
     async def named(self, rel: Release) -> Release:
         """rel with a revision: one that gives none gets the listing revision of its s3://
-        source (day0.identity: what `day0 validate` of that source names it), from a
+        source (day0.store.identity: what `day0 validate` of that source names it), from a
         completeness check on the check pool that journals nothing."""
         if rel.revision is not None:
             return rel
@@ -298,7 +298,7 @@ def create_app(settings: ReceiverSettings, client_factory=None) -> FastAPI:
     """The receiver app; the journal opens and the worker starts with the app's lifespan.
 
     `client_factory` returns the boto3 S3 client used for completeness checks (default: from
-    settings.s3 / day0.storage).
+    settings.s3 / day0.store.s3).
     """
     app = FastAPI(title="day0 release receiver", lifespan=_lifespan(settings, client_factory),
                   docs_url=None, redoc_url=None, openapi_url=None)

@@ -5,7 +5,7 @@ A prefix is complete when config.json, model.safetensors.index.json (or a single
 model.safetensors), every shard the index names and any extra required file are present, and
 each shard's size equals 8 + header length + end of its last tensor (read with one ranged GET;
 verified shards are remembered by ETag). The model and revision of a complete checkpoint are
-day0.identity's, from the same listing: the key prefix without the bucket, and the listing
+day0.store.identity's, from the same listing: the key prefix without the bucket, and the listing
 revision of the prefix's objects (names, ETags, sizes) - exactly what a manual run of
 s3://bucket/prefix computes - so re-uploading identical files is the same release and changing
 any file is a new one.
@@ -20,12 +20,12 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from day0 import identity
+from day0.store import identity
 from day0.errors import InputError, StoreError
 from day0.receiver.journal import Journal, PrefixState, ReleaseRow
 from day0.receiver.settings import CheckpointSettings, S3Settings
-from day0.safetensors_header import expected_size, header_length, parse_header
-from day0.storage import HEADER_PROBE_BYTES, NoSuchObject, ObjectInfo, S3Uri
+from day0.checkpoint.safetensors_header import expected_size, header_length, parse_header
+from day0.store.s3 import HEADER_PROBE_BYTES, NoSuchObject, ObjectInfo, S3Uri
 
 CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
@@ -56,10 +56,10 @@ class CheckResult:
 
 
 def make_client(cfg: S3Settings):
-    """day0.storage's S3 client (DAY0_S3_*, AWS settings, the receiver's s3: on top) with the
+    """day0.store.s3's S3 client (DAY0_S3_*, AWS settings, the receiver's s3: on top) with the
     receiver's short timeouts: a store that never answers must fail a check in seconds, not in
     the minutes a validation run may wait for a download."""
-    from day0.storage import s3_client
+    from day0.store.s3 import s3_client
 
     def value(secret):
         return secret.get_secret_value() if secret is not None else None
@@ -71,7 +71,7 @@ def make_client(cfg: S3Settings):
 
 
 def model_of(bucket: str, prefix: str) -> str:
-    """The model name of a checkpoint prefix (day0.identity: the prefix without the bucket)."""
+    """The model name of a checkpoint prefix (day0.store.identity: the prefix without the bucket)."""
     return identity.model_name(str(S3Uri(bucket, prefix)))
 
 
@@ -86,7 +86,7 @@ def relevant(bucket: str, key: str, rules: CheckpointSettings) -> bool:
 def _expected_size(client, bucket: str, key: str) -> int:
     """8 + header length + largest tensor end offset, from one (rarely two) ranged GETs."""
     head = _get(client, bucket, key, f"bytes=0-{HEADER_PROBE_BYTES - 1}")
-    n = header_length(head)  # the same parser and limit as analysis (day0.safetensors_header)
+    n = header_length(head)  # the same parser and limit as analysis (day0.checkpoint.safetensors_header)
     raw = head[8:8 + n] if len(head) >= 8 + n else _get(client, bucket, key, f"bytes=8-{7 + n}")
     if len(raw) < n:
         raise ValueError("header is truncated")
@@ -95,8 +95,8 @@ def _expected_size(client, bucket: str, key: str) -> int:
 
 def _get(client, bucket: str, key: str, byte_range: str | None = None) -> bytes:
     """An object's bytes; FileNotFoundError when it (or the range) is not there, StoreError
-    when the store cannot answer (S3 errors mapped by day0.storage, as everywhere)."""
-    from day0.storage import read_object
+    when the store cannot answer (S3 errors mapped by day0.store.s3, as everywhere)."""
+    from day0.store.s3 import read_object
 
     try:
         return read_object(S3Uri(bucket, key), client=client, byte_range=byte_range)
@@ -108,7 +108,7 @@ def _get(client, bucket: str, key: str, byte_range: str | None = None) -> bytes:
 
 def _list(client, bucket: str, prefix: str) -> dict[str, ObjectInfo]:
     """The objects directly under prefix, by name."""
-    from day0.storage import list_objects
+    from day0.store.s3 import list_objects
 
     try:
         return list_objects(S3Uri(bucket, prefix), client=client)
@@ -177,13 +177,13 @@ def check_prefix(client, bucket: str, prefix: str, rules: CheckpointSettings,
     if missing or problems:
         return CheckResult(complete=False, missing=missing, problems=problems)
     needed = sorted({CONFIG, *shards, *rules.require} | ({INDEX} if INDEX in files else set()))
-    # the revision a manual run computes from the same listing (day0.identity), not one of ours
+    # the revision a manual run computes from the same listing (day0.store.identity), not one of ours
     return CheckResult(complete=True, revision=identity.listing_revision(listing),
                        files={n: files[n] for n in needed})
 
 
 def _head(client, bucket: str, key: str, name: str) -> dict[str, tuple[int, str]]:
-    from day0.storage import head_object
+    from day0.store.s3 import head_object
 
     try:
         info = head_object(S3Uri(bucket, key), client=client)

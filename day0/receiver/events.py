@@ -12,7 +12,7 @@ Accepted shapes (unknown extra fields are ignored, missing required ones are a 4
 - Hugging Face Hub webhooks ``{"event": {"action", "scope"}, "repo": {"type", "name", "headSha"},
   "updatedRefs": [{"ref", "oldSha", "newSha"}]}``;
 - the generic signed release ``{"model", "revision"?, "source", "targets"?}``; without a
-  revision the receiver names it as a manual run of its source would (day0.identity).
+  revision the receiver names it as a manual run of its source would (day0.store.identity).
 
 Every object key, model name and source passes day0.receiver.safety's grammar (no '..', no
 absolute key, no control character) or the whole body is a 422 and nothing is journaled.

@@ -10,7 +10,7 @@ a receiver killed at any moment loses nothing it acknowledged. Tables:
   is finished, it is a new row with seq + 1 - a new run, kept next to the earlier ones. An
   announcement that came after the run's end but before the worker saw it end is not lost:
   finishing a row whose `announced_at` is later than the run's end adds the next row then.
-  Each row's Prefect idempotency key is day0.identity.dedupe_key(..., seq).
+  Each row's Prefect idempotency key is day0.store.identity.dedupe_key(..., seq).
 - prefixes: one row per (bucket, prefix) that may hold a checkpoint; `generation` counts the
   events recorded, `checked` the generation the last completeness check covered, so a
   prefix with generation > checked still needs a check (also after a restart).
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from day0.errors import ConfigError, JournalError
-from day0.identity import dedupe_key
+from day0.store.identity import dedupe_key
 
 RELEASES = """
 CREATE TABLE IF NOT EXISTS releases (

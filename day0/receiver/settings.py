@@ -2,7 +2,7 @@
 
 Secrets may be written as ``env:VARIABLE`` so the file itself holds no secret; they are resolved
 once at load time and the missing variables are one ConfigError naming them all. The journal
-defaults to ``${XDG_STATE_HOME:-~/.local/state}/day0/receiver/journal.sqlite`` (day0.paths).
+defaults to ``${XDG_STATE_HOME:-~/.local/state}/day0/receiver/journal.sqlite`` (day0.store.paths).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from day0.errors import ConfigError
-from day0.paths import state_home
+from day0.store.paths import state_home
 from day0.yamlio import load_model, read_mapping
 
 DEFAULTS = Path(__file__).resolve().parents[1] / "data" / "receiver.yaml"
@@ -67,7 +67,7 @@ class HubSettings(_Strict):
 
 
 class S3Settings(_Strict):
-    """Object store the completeness check reads; unset fields fall back to day0.storage/AWS env."""
+    """Object store the completeness check reads; unset fields fall back to day0.store.s3/AWS env."""
 
     endpoint_url: str | None = Field(None, description="S3 endpoint URL (MinIO, SeaweedFS, Ceph).")
     region: str | None = Field(None, description="Region name.")

@@ -5,7 +5,7 @@ wake it. On start it finds whatever the journal holds as pending (a previous pro
 been killed between accepting and submitting) and submits it. Store checks of due prefixes
 run on the CheckRunner's own threads and are only watched from here, each with a deadline
 (checks.timeout_s), so a store that never answers cannot hold up the submission of releases.
-Each submission is ``run_deployment(..., timeout=0, idempotency_key=day0.identity.dedupe_key(
+Each submission is ``run_deployment(..., timeout=0, idempotency_key=day0.store.identity.dedupe_key(
 model, revision, target, seq))`` with the parameters of day0.request.ValidateRequest (model and
 revision included, so the run publishes under the receiver's name for the release): if a crash
 came after Prefect created the run but before the journal recorded it, the resubmission returns

@@ -145,7 +145,7 @@ def start_seaweedfs(state: StackState, env: dict, secrets: dict, layout: Layout,
 
 
 def s3_client(state: StackState, secrets: dict):
-    from day0.storage import s3_client as make
+    from day0.store.s3 import s3_client as make
 
     return make(endpoint=state.s3_url, region=REGION, access_key=secrets["DAY0_S3_ACCESS_KEY"],
                 secret_key=secrets["DAY0_S3_SECRET_KEY"], max_attempts=1)

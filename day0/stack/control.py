@@ -184,7 +184,7 @@ def upload(folder: str | Path, name: str, state_dir: str | Path | None = None, *
     once it is complete); with wait, follow that run to its end. Returns an exit code:
     0 uploaded (and with wait: the run Completed), 1 the run did not complete."""
     from day0.receiver.safety import check_name
-    from day0.storage import put_object
+    from day0.store.s3 import put_object
 
     layout = Layout(state_dir)
     state = layout.load()
@@ -215,9 +215,9 @@ def _follow(state: StackState, client, source: str, name: str, since: dt.datetim
             timeout_s: float, out: Out) -> int:
     import json
 
-    from day0 import identity
+    from day0.store import identity
     from day0.orchestration.runs import wait_for_run
-    from day0.storage import NoSuchObject, read_object
+    from day0.store.s3 import NoSuchObject, read_object
 
     def found(run) -> None:
         out(f"flow run {run.name}: {state.prefect_url}/runs/flow-run/{run.id}")

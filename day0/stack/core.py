@@ -35,7 +35,7 @@ from typing import Callable
 from pydantic import BaseModel, ConfigDict, Field
 
 from day0.errors import ConfigError, StackError
-from day0.paths import state_home
+from day0.store.paths import state_home
 from day0.stack import procs
 
 Out = Callable[[str], None]

@@ -1,7 +1,7 @@
 """The stage registry: every stage is a folder, found by name, planned from what it requires.
 
-A stage is a subclass of :class:`day0.contract.Stage` (its face, light) with a lazily imported
-core (Config, Result, run); day0.contract says what each member means. Stages are found, in this
+A stage is a subclass of :class:`day0.execution.contract.Stage` (its face, light) with a lazily imported
+core (Config, Result, run); day0.execution.contract says what each member means. Stages are found, in this
 order: the folders next to this file (day0's own), the ``day0.stages`` entry-point group
 (``name = "pkg.module"`` or ``"pkg.module:Class"``; how a vendor package adds a stage without
 touching day0), and :func:`register` at run time. A face is imported only when its stage is
@@ -18,7 +18,7 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
-from day0.contract import Option, Stage
+from day0.execution.contract import Option, Stage
 from day0.errors import ConfigError, InputError, did_you_mean
 
 ENTRY_POINT_GROUP = "day0.stages"
@@ -50,7 +50,7 @@ def _load(name: str, locator: str) -> Stage:
                  if issubclass(c, Stage) and c.__module__ == module.__name__]
     if len(found) != 1 or not (isinstance(found[0], type) and issubclass(found[0], Stage)):
         raise InputError(f"stage '{name}' ({locator}) defines {len(found) if not attr else 'no'} "
-                         "day0.contract.Stage subclass" + ("es" if len(found) > 1 else ""),
+                         "day0.execution.contract.Stage subclass" + ("es" if len(found) > 1 else ""),
                          field="stage", fix="define one class Stage subclass in the stage's "
                                             "__init__.py, or name it as 'pkg.module:Class'")
     try:
@@ -58,7 +58,7 @@ def _load(name: str, locator: str) -> Stage:
     except TypeError as exc:  # an abstract member left out: core()
         raise InputError(f"stage '{name}' ({locator}): {exc}", field="stage",
                          fix="a stage defines core() returning its core module "
-                             "(see day0.contract)") from None
+                             "(see day0.execution.contract)") from None
 
 
 def register(name: str, locator: str) -> None:
@@ -207,7 +207,7 @@ def _checked(option: Option, value):
 
 
 def by_hand_only(configs: dict[str, dict] | None, values: dict | None) -> list[str]:
-    """The by-hand-only options (day0.contract.Option) that these settings or values set."""
+    """The by-hand-only options (day0.execution.contract.Option) that these settings or values set."""
     return [option.flag for name, option in options() if option.by_hand_only and (
         (values or {}).get(option.name) not in (None, False)
         or ((configs or {}).get(name) or {}).get(option.setting) not in (None, False))]

@@ -10,7 +10,7 @@ of the request as its argument) or cold (the request on stdin): ``{"config": {..
 * ``{"class": ..., "model_type": ..., "notes": [...], "parameters": [[name, [dims]], ...]}``
   (``named_parameters``: shared parameters once), exit status 0;
 * ``{"error": {"type": "InputError", "problems": [{message, file, field, fix}, ...]}}`` for a
-  config transformers refuses (day0.modeling's InputError), exit status 2.
+  config transformers refuses (day0.checkpoint.modeling's InputError), exit status 2.
 
 Anything else (a crash, a kill) the caller reports as one InputError naming config.json.
 """
@@ -26,7 +26,7 @@ from day0.errors import Day0Error
 
 def describe(config: dict, *, file: str, trust_remote_code: bool = False) -> dict:
     """The class transformers resolves for config and its parameters' names and shapes."""
-    from day0.modeling import build_meta_model, resolve_config
+    from day0.checkpoint.modeling import build_meta_model, resolve_config
 
     resolved = resolve_config(config, trust_remote_code=trust_remote_code, file=file)
     model = build_meta_model(resolved)
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     from stdin (``python -m``)."""
     argv = sys.argv[1:] if argv is None else argv
     if argv:
-        from day0 import lifecycle
+        from day0.execution import lifecycle
 
         lifecycle.guard_stage()  # dies with its owner, as a stage child does
         with open(argv[0], encoding="utf-8") as handle:

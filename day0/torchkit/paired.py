@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from pydantic import Field
 
-from day0.contract import Row
+from day0.execution.contract import Row
 
 DRAWS = 2000
 CONFIDENCE = 0.95

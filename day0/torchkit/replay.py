@@ -23,8 +23,8 @@ import torch
 from pydantic import Field
 from torch.utils._pytree import tree_flatten, tree_map
 
-from day0 import progress
-from day0.contract import Row
+from day0.execution import progress
+from day0.execution.contract import Row
 from day0.torchkit.dtypes import torch_dtype
 from day0.torchkit.tolerances import Tolerances
 

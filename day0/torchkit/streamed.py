@@ -29,9 +29,9 @@ import torch
 import torch.nn.functional as F
 
 from day0.errors import InputError
-from day0.modeling import (build_error, check_source, decoder_layers, quiet_transformers,
-                           resolve_config)
-from day0.checkpoint_io import read_config
+from day0.checkpoint.modeling import (build_error, check_source, decoder_layers, quiet_transformers,
+                                      resolve_config)
+from day0.checkpoint.files import read_config
 from day0.torchkit.dtypes import torch_dtype
 from day0.torchkit.weights import WeightStore
 
@@ -422,7 +422,7 @@ class _Output:
 def _checkpoint_names(model, store: WeightStore) -> dict[str, str]:
     """Model parameter/buffer name -> the checkpoint tensor it loads from, by transformers' own
     loading conversions (renamed modules; for merged experts, one of the per-expert tensors)."""
-    from day0.checkpoint_match import renamer
+    from day0.checkpoint.match import renamer
 
     _, rename, _ = renamer(model)
     found: dict[str, str] = {}

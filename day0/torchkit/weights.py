@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from day0.checkpoint import read_checkpoint
-from day0.checkpoint_io import open_reader
+from day0.checkpoint.headers import read_checkpoint
+from day0.checkpoint.files import open_reader
 from day0.errors import CheckpointError
 
 TORCH_DTYPES = {

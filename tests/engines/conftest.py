@@ -18,7 +18,7 @@ TINY_LLAMA = MODELS / "tiny-llama"
 
 def engine_target(**engine):
     """The built-in vllm-cpu-bf16 target with its engine section updated."""
-    from day0.targets import resolve_target
+    from day0.execution.targets import resolve_target
 
     target = resolve_target("vllm-cpu-bf16")
     return target.model_copy(update={"engine": target.engine.model_copy(update=engine)})

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from day0 import pairedtests
-from day0.contract import StageInputs
-from day0.gates import evaluate, load_gates
-from day0.stage import StageSpec, execute
-from day0.targets import resolve_target
+from day0.verdict import statistics
+from day0.execution.contract import StageInputs
+from day0.verdict.gates import evaluate, load_gates
+from day0.execution.stage import StageSpec, execute
+from day0.execution.targets import resolve_target
 from tests.conftest import ROOT
 from tests.engines.conftest import TINY_LLAMA, engine_target
 
@@ -55,7 +55,7 @@ def test_engine_and_in_process_bf16_agree_item_by_item(served, in_process):
     local = in_process.paired_items["evaluation.all.acc"]
     assert engine["ids"] == local["ids"]
     for a, b in ((local["target"], engine["target"]), (engine["target"], local["target"])):
-        test = pairedtests.mcnemar(a, b, allowed_drop=0.08)
+        test = statistics.mcnemar(a, b, allowed_drop=0.08)
         assert not test.regressed, test.summary()
     for e, i in zip(served.categories, in_process.categories):
         assert e.category == i.category

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from day0.contract import StageInputs
-from day0.stage import StageSpec, execute
+from day0.execution.contract import StageInputs
+from day0.execution.stage import StageSpec, execute
 from tests.stages.performance import performance_gates
 from tests.engines.conftest import engine_target
 

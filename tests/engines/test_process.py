@@ -14,7 +14,7 @@ from day0.engines.client import EngineStartError, EngineUnreachable, EngineClien
 from day0.engines.process import command, launched
 from day0.engines.settings import EngineSettings
 from day0.errors import ConfigError
-from day0.targets import resolve_target
+from day0.execution.targets import resolve_target
 from day0.yamlio import load_model
 
 
@@ -111,7 +111,7 @@ def test_placeholders_are_filled_and_the_context_capped_by_the_checkpoint(tmp_pa
 def test_bad_engine_config_is_a_config_error_naming_the_field(tmp_path, engine, field, words):
     data = {"name": "e", "kind": "engine", "device": "cpu", "dtype": "bfloat16", "engine": engine}
     with pytest.raises(ConfigError) as err:
-        load_model(__import__("day0.targets").targets.Target, data, "targets.yaml")
+        load_model(__import__("day0.execution.targets").execution.targets.Target, data, "targets.yaml")
     assert field in str(err.value) and words in str(err.value)
 
 

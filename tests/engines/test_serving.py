@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from day0 import stages
-from day0.contract import StageInputs
+from day0.execution.contract import StageInputs
 from day0.engines.client import EngineProtocolError, EngineStartError
 from day0.errors import ConfigError
 from day0.stages.serving import core as serving

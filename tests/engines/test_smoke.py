@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from day0 import stages
-from day0.contract import StageInputs
+from day0.execution.contract import StageInputs
 from day0.engines.client import EngineUnreachable
 from day0.engines.process import free_port
 from day0.engines.settings import Endpoint

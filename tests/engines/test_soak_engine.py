@@ -15,9 +15,9 @@ import time
 import pytest
 import yaml
 
-from day0.contract import StageInputs
-from day0.gates import evaluate, load_gates
-from day0.stage import StageSpec, execute
+from day0.execution.contract import StageInputs
+from day0.verdict.gates import evaluate, load_gates
+from day0.execution.stage import StageSpec, execute
 from tests.conftest import ROOT
 from tests.engines.conftest import TINY_LLAMA, engine_target
 

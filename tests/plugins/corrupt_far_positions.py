@@ -6,7 +6,7 @@ trained context length must catch it. Applied to the middle decoder layer.
 
 import torch
 
-from day0.modeling import decoder_layers
+from day0.checkpoint.modeling import decoder_layers
 
 
 def layer_output(output):

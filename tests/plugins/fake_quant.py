@@ -4,7 +4,7 @@
 import torch
 import torch.nn.functional as F
 
-from day0.modeling import decoder_layers
+from day0.checkpoint.modeling import decoder_layers
 
 
 def fake_quantize(weight: torch.Tensor, bits: int, group: int | None = None) -> torch.Tensor:

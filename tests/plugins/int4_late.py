@@ -15,7 +15,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # fake_quant.py sits next to this file
 from fake_quant import fake_quantize, matmul_weights  # noqa: E402
 
-from day0.modeling import decoder_layers
+from day0.checkpoint.modeling import decoder_layers
 
 FRACTION = 0.75
 GROUP = 32

@@ -9,7 +9,7 @@ causal mask).
 
 import os
 
-from day0.modeling import decoder_layers
+from day0.checkpoint.modeling import decoder_layers
 
 
 def _hook(state: dict):

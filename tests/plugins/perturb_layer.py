@@ -8,7 +8,7 @@ import os
 
 import torch
 
-from day0.modeling import decoder_layers
+from day0.checkpoint.modeling import decoder_layers
 
 
 def layer_output(output):

@@ -6,7 +6,7 @@ twice in one block). Layer: env DAY0_SCALE_LAYER (default the middle layer, clam
 
 import os
 
-from day0.modeling import decoder_layers
+from day0.checkpoint.modeling import decoder_layers
 
 
 def _hook(factor: float):

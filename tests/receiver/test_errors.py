@@ -11,10 +11,10 @@ import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError
 
 from day0 import errors
-from day0.checkpoint import read_header
+from day0.checkpoint.headers import read_header
 from day0.receiver import completeness
 from day0.receiver.journal import Journal
-from day0.safetensors_header import HeaderError, max_header_bytes
+from day0.checkpoint.safetensors_header import HeaderError, max_header_bytes
 
 
 @pytest.mark.parametrize("cls,status", [
@@ -82,7 +82,7 @@ def _serving(data: bytes):
 
 
 class _Bytes:
-    """A day0.checkpoint_io Reader over one in-memory file."""
+    """A day0.checkpoint.files Reader over one in-memory file."""
 
     def __init__(self, data: bytes, size: int | None = None):
         self.data, self._size = data, size if size is not None else len(data)

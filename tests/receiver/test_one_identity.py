@@ -20,7 +20,7 @@ from urllib.parse import quote_plus
 import httpx
 import pytest
 
-from day0 import identity
+from day0.store import identity
 from day0.receiver.launch import ReceiverProcess, free_port, write_config
 from tests.conftest import MODELS
 from tests.procs import stop_group
@@ -35,7 +35,7 @@ LLAMA = MODELS / "tiny-llama"
 
 @pytest.fixture
 def s3_env(s3_server, monkeypatch):
-    """This process reads the session's store too (day0.identity on the test side)."""
+    """This process reads the session's store too (day0.store.identity on the test side)."""
     for key, value in s3_server.env().items():
         monkeypatch.setenv(key, value)
     s3_server.create_bucket("models")

@@ -1,5 +1,5 @@
 """The journal keeps one run per announcement of a release once the earlier run has ended:
-duplicates merge while a run is pending or running, history is kept after (day0.identity)."""
+duplicates merge while a run is pending or running, history is kept after (day0.store.identity)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The stage contract (day0.contract.Stage) and the registry (day0.stages) as the flow's
+"""The stage contract (day0.execution.contract.Stage) and the registry (day0.stages) as the flow's
 process uses them: planning a validation and concluding its verdict read every stage's face,
 never a stage's core; a stage that breaks the contract is refused when it is defined or loaded."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from day0 import stages
-from day0.contract import Stage
+from day0.execution.contract import Stage
 from day0.errors import InputError
 
 READ_EVERY_HOOK = """
@@ -63,7 +63,7 @@ def test_a_stage_that_breaks_the_contract_is_refused_where_it_is_defined():
     with pytest.raises(TypeError, match="requires must be a tuple of stage names"):
         type("Bad", (Stage,), {"__doc__": "Proves x.", "requires": "analysis",
                                "core": lambda self: None})
-    with pytest.raises(TypeError, match="options must be day0.contract.Option"):
+    with pytest.raises(TypeError, match="options must be day0.execution.contract.Option"):
         type("Bad", (Stage,), {"__doc__": "Proves x.", "options": ("--text",),
                                "core": lambda self: None})
 
@@ -71,11 +71,11 @@ def test_a_stage_that_breaks_the_contract_is_refused_where_it_is_defined():
 def test_a_stage_without_its_core_or_with_a_core_lacking_run_is_refused_by_name(tmp_path,
                                                                               monkeypatch):
     (tmp_path / "coreless_stage.py").write_text(
-        '"""Proves nothing."""\nfrom day0.contract import Stage\n\n\n'
+        '"""Proves nothing."""\nfrom day0.execution.contract import Stage\n\n\n'
         'class Coreless(Stage):\n    pass\n')
     (tmp_path / "runless_stage.py").write_text(
         '"""Proves nothing."""\nimport sys\n\nfrom pydantic import BaseModel, ConfigDict\n\n'
-        'from day0.contract import Stage, StageResult\n\n\n'
+        'from day0.execution.contract import Stage, StageResult\n\n\n'
         'class Config(BaseModel):\n    model_config = ConfigDict(extra="forbid")\n\n\n'
         'class Result(StageResult):\n    pass\n\n\n'
         'class Runless(Stage):\n    def core(self):\n        return sys.modules[__name__]\n')

@@ -9,8 +9,8 @@ import sys
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from day0 import progress
-from day0.contract import Stage, StageInputs, StageResult
+from day0.execution import progress
+from day0.execution.contract import Stage, StageInputs, StageResult
 
 
 

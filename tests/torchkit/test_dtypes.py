@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from day0.errors import ConfigError
-from day0.targets import Target
+from day0.execution.targets import Target
 from day0.torchkit.dtypes import torch_dtype
 
 

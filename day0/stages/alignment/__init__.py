@@ -19,7 +19,7 @@ at far positions are found. Relative gates read paired block-bootstrap bounds (p
 What it proves: the target computes what the reference computes, within what a correct port at
 the target's dtype costs. What it needs: the checkpoint's weights and tokenizer (local or s3://,
 materialised once), a torch device for the target, memory for three copies of the model
-(day0.budget), or, streamed (streamed.py), for about one layer of each. What the reference and
+(day0.execution.budget), or, streamed (streamed.py), for about one layer of each. What the reference and
 control compute is kept in the reference bank (bank.py) and replayed for every later target of
 the same checkpoint: no reference or control forward (sides.py decides). Runs after analysis
 (a checkpoint found broken there is not compared); reads no other stage's result.
@@ -27,7 +27,7 @@ the same checkpoint: no reference or control forward (sides.py decides). Runs af
 
 from __future__ import annotations
 
-from day0.contract import Option, Stage, import_core
+from day0.execution.contract import Option, Stage, import_core
 from day0.stages.alignment import plots, report
 
 

@@ -11,7 +11,7 @@ per window, and a reader slices and joins pieces, so a bank built one way serves
 The reference part also holds the recorded op inputs (``ops.pt``, loaded weights-only) and the
 weight scan's findings; each part holds its greedy continuations.
 
-The key digests the weights (day0.identity.weights_key), the reference device and dtype, the
+The key digests the weights (day0.store.identity.weights_key), the reference device and dtype, the
 token ids of every window and prompt (text, tokenizer, seq_len, context), the op-check ids,
 new_tokens and the torch and transformers versions: what the numbers depend on. Values are
 exact: float32 as computed; a control's tensors in its own dtype only where that is lossless
@@ -36,8 +36,8 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from day0.identity import cache_dir, results_location
-from day0.storage import head_object, is_s3, put_object, read_object
+from day0.store.identity import cache_dir, results_location
+from day0.store.s3 import head_object, is_s3, put_object, read_object
 
 FORMAT = 1  # bump when what a bank records, or how, changes
 META = "bank.json"
@@ -201,9 +201,9 @@ class Bank:
     @classmethod
     def open(cls, root: str, key: str, part: str, log=print) -> "Bank | None":
         """The part if it is complete and readable; None (said in the log) otherwise."""
-        from day0.checkpoint_io import open_reader
+        from day0.checkpoint.files import open_reader
         from day0.errors import Day0Error
-        from day0.safetensors_header import read_header
+        from day0.checkpoint.safetensors_header import read_header
         from day0.torchkit.weights import WeightStore
 
         where = _join(root, key, part)

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import torch
 
-from day0 import progress
-from day0.checkpoint_io import read_config_dict
-from day0.contract import Laps, StageInputs
+from day0.execution import progress
+from day0.checkpoint.files import read_config_dict
+from day0.execution.contract import Laps, StageInputs
 from day0.errors import ConfigError
-from day0.modeling import check_source, resolve_config
-from day0.sources import local_checkpoint
+from day0.checkpoint.modeling import check_source, resolve_config
+from day0.store.sources import local_checkpoint
 from day0.stages.alignment import generation as gen
 from day0.stages.alignment import sides
 from day0.stages.alignment import streamed as stream
@@ -192,7 +192,7 @@ def _scan_weights(config: Config, plan, source: str, lap) -> list[str]:
         problems += banked_scan
         progress.update("weights", 1, 1, detail="the weight scan's findings, from the bank")
     elif config.check_weights:  # shards read in place when no model needs them local
-        from day0 import sanity
+        from day0.checkpoint import sanity
 
         problems += sanity.check_weights(source)
         lap("weights")
@@ -245,7 +245,7 @@ def _perplexity_check(ppl_ref: float, model_config, source: str, inputs: StageIn
                       seq_len: int, n_windows: int, already_broken: bool) -> list[str]:
     """The reference perplexity must be far from a uniform guess and near the score this
     model/revision had before on the same text and windows (stored after a sane run)."""
-    from day0 import sanity
+    from day0.checkpoint import sanity
 
     revision = getattr(inputs, "revision", None)
     key = None

@@ -23,7 +23,7 @@ from day0.stages.alignment.layers import Capture, LayerAccumulator, RouterAccumu
 from day0.stages.alignment.logits import LogitAccumulator, bucket_index
 from day0.torchkit.evaltext import Window
 from day0.torchkit.kvcache import cache_argument
-from day0 import progress as stage_progress
+from day0.execution import progress as stage_progress
 from day0.errors import TargetFault
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from day0.contract import Row
+from day0.execution.contract import Row
 
 
 class GenerationRow(Row):
@@ -50,7 +50,7 @@ def compared(new_tokens: int, chosen, batch, tokenizer, ref, ctl, tgt, ref_devic
     made collects the ones generated for the bank (by part). kept_greedy: core.KeptSides'."""
     from transformers.utils import logging as hf_logging
 
-    from day0 import progress
+    from day0.execution import progress
     from day0.errors import TargetFault
     from day0.stages.alignment.banked import BankSide, Recorder
     from day0.stages.alignment.streamed import streamed_greedy

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from day0.plugins import apply_plugins
+from day0.execution.plugins import apply_plugins
 from day0.stages.alignment import generation as gen
 from day0.stages.alignment.engine import KeptSide
 
@@ -51,7 +51,7 @@ def plugin_key(spec: str) -> str:
     """A file plugin by its content (edited between calls: another target), else its name."""
     from pathlib import Path
 
-    from day0.identity import file_digest
+    from day0.store.identity import file_digest
 
     return file_digest(Path(spec)) if Path(spec).is_file() else spec
 

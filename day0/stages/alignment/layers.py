@@ -13,10 +13,10 @@ import math
 import torch
 from pydantic import Field
 
-from day0.contract import Row
+from day0.execution.contract import Row
 from day0.torchkit.paired import Blocks, ratios
 
-from day0.modeling import decoder_layers
+from day0.checkpoint.modeling import decoder_layers
 
 
 def _first_tensor(output):

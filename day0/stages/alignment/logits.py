@@ -8,7 +8,7 @@ import math
 import torch
 from pydantic import Field
 
-from day0.contract import Row
+from day0.execution.contract import Row
 
 
 def bucket_index(length: int, span: int, n_buckets: int) -> torch.Tensor:

@@ -1,11 +1,11 @@
 """The alignment stage's plots (its ``plots`` hook): PNG bytes from its result as report.json
-keeps it (day0.plots draws; matplotlib is imported only when a plot is made)."""
+keeps it (day0.rendering.plots draws; matplotlib is imported only when a plot is made)."""
 
 from __future__ import annotations
 
 import math
 
-from day0.plots import bucket_bars, figure, number, png, positive
+from day0.rendering.plots import bucket_bars, figure, number, png, positive
 
 TARGET, CONTROL, BOUND, BAD = "#d62728", "#1f77b4", "#555555", "#d62728"
 

@@ -12,9 +12,9 @@ def build(source: str, dtypes: list[str], *, config: str | None = None, text: st
           trust_remote_code: bool = False) -> list[str]:
     """One line per dtype: where the bank is and its size. Raises ConfigError/InputError (exit 2) or StageError (3)."""
     from day0 import request_rules, stages
-    from day0.contract import StageInputs
-    from day0.stage import StageSpec, execute
-    from day0.targets import Target
+    from day0.execution.contract import StageInputs
+    from day0.execution.stage import StageSpec, execute
+    from day0.execution.targets import Target
 
     configs = stages.apply_options(request_rules.stage_configs(config), {"text": text})
     settings = configs.get("alignment", {})

@@ -3,7 +3,7 @@ the gates read (windows, text, per-bucket KL, per-layer ratios, generation, per-
 
 from __future__ import annotations
 
-from day0.mdtable import cell, table
+from day0.rendering.tables import cell, table
 
 
 DEFINITIONS = """\

@@ -6,7 +6,7 @@ import math
 
 from pydantic import ConfigDict, Field
 
-from day0.contract import StageResult
+from day0.execution.contract import StageResult
 from day0.stages.alignment import generation as gen
 from day0.stages.alignment.layers import LayerRow, RouterRow
 from day0.stages.alignment.logits import BucketRow

@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from day0 import progress
+from day0.execution import progress
 from day0.errors import Day0Error
-from day0.modeling import load_pretrained
-from day0.plugins import apply_plugins
+from day0.checkpoint.modeling import load_pretrained
+from day0.execution.plugins import apply_plugins
 from day0.stages.alignment import streamed as stream
 from day0.stages.alignment.bank import Bank, BankWriter, bank_key, bank_root, size_text
 from day0.stages.alignment.banked import BankSide, Recorder
@@ -70,7 +70,7 @@ def open_bank(config, source: str, reference, control_profile, wins, op_ids, pro
     """The bank parts this run reads, and writers for the parts it must compute."""
     if config.reference_bank == "off":
         return BankPlan()
-    from day0.identity import weights_key
+    from day0.store.identity import weights_key
 
     weights = weights_key(source)
     if weights.startswith("unlisted:"):  # the store cannot be listed now: no identity to key

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from day0 import progress as stage_progress
+from day0.execution import progress as stage_progress
 from day0.errors import ConfigError, TargetFault
 from day0.stages.alignment.engine import Evidence
 from day0.stages.alignment.layers import Capture, LayerAccumulator
@@ -34,8 +34,8 @@ STREAMING_FILE = Path(__file__).resolve().parents[2] / "data" / "streaming.yaml"
 
 def resident_fits(source: str, dtypes: list[str]) -> bool:
     """Whether the model copies in ``dtypes`` fit in the memory available now."""
-    from day0 import memory
-    from day0.checkpoint import read_checkpoint
+    from day0.execution import memory
+    from day0.checkpoint.headers import read_checkpoint
     from day0.yamlio import read_mapping
 
     params = sum(t.numel for t in read_checkpoint(source).tensors.values())

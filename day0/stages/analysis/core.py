@@ -9,10 +9,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from day0.checkpoint import classify, read_checkpoint
-from day0.configview import resolve
-from day0.contract import StageInputs, StageResult
-from day0.header_sanity import header_problems
+from day0.checkpoint.headers import classify, read_checkpoint
+from day0.checkpoint.configview import resolve
+from day0.execution.contract import StageInputs, StageResult
+from day0.checkpoint.header_sanity import header_problems
 from day0.stages.analysis.metaparams import meta_parameters
 from day0.stages.analysis.model import (DTYPES, Attention, MoE, Params, Rope, attention_facts, cfg,
                                         cfg_alias, count_params, kv_cache, layer_split, moe_facts,

@@ -3,7 +3,7 @@
 Exact counts of a bare config.json need the class (tied weights once, fused experts, the biases a
 config implies), and building it needs torch, which header-only analysis never imports. So
 :func:`meta_parameters` runs ``python -m day0.torchkit.metaparams`` (the class on the meta device:
-no memory) within a timeout, forked from the warm stage host when one is there (day0.stagehost:
+no memory) within a timeout, forked from the warm stage host when one is there (day0.execution.stagehost:
 transformers imported already) or started cold, and reads the parameters' names and shapes from
 its JSON answer. A
 config transformers refuses comes back as the child's own InputError (same text as before the
@@ -21,7 +21,8 @@ import threading
 from pathlib import Path
 
 import day0
-from day0 import errors, lifecycle, stagehost
+from day0 import errors
+from day0.execution import lifecycle, stagehost
 from day0.errors import InputError, Problem, shorten
 
 MODULE = "day0.torchkit.metaparams"

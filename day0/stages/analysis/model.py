@@ -1,7 +1,7 @@
 """Architecture facts for the analysis stage: attention, MoE, RoPE, parameters, memory, KV cache.
 
 Everything here is arithmetic over config.json as transformers' class reads it (a
-day0.configview.ConfigView: ``view.get(*names)``, ``view.raw``) and a list of ``(name, shape)``
+day0.checkpoint.configview.ConfigView: ``view.get(*names)``, ``view.raw``) and a list of ``(name, shape)``
 tensors: the checkpoint's headers when weights exist, otherwise the parameters of transformers'
 class built on the meta device in a child process. Formulas are in the docstrings; thresholds and
 name patterns in data/analysis.yaml.
@@ -15,7 +15,7 @@ from typing import Any, Iterable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from day0.checkpoint import data
+from day0.checkpoint.headers import data
 
 DTYPES = ("bfloat16", "float8", "float16", "float32")
 
@@ -70,7 +70,7 @@ class Params(BaseModel):
 
 
 def cfg(view, *names, default=None):
-    """First non-null of names as transformers' class reads config.json (day0.configview)."""
+    """First non-null of names as transformers' class reads config.json (day0.checkpoint.configview)."""
     return view.get(*names, default=default)
 
 

@@ -87,7 +87,7 @@ def estimate(tensors: list[tuple[str, tuple[int, ...]]], *, active_params: int, 
 
 
 def available_gib() -> float | None:
-    from day0.memory import available_bytes
+    from day0.execution.memory import available_bytes
 
     found = available_bytes()
     return round(found / GIB, 1) if found is not None else None

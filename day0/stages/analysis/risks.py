@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from day0.stages.analysis.model import cfg, mla_expanded_per_token
-from day0.checkpoint import data, risk_text
+from day0.checkpoint.headers import data, risk_text
 
 GIB = 1024 ** 3
 
@@ -32,7 +32,7 @@ def _add(risks: list[Risk], rid: str, severity: str | None = None, **fields) -> 
 
 def collect_risks(*, view, notes: list[str], attention, moe, rope, kv: dict, params,
                   weights_bf16: int, plan, ckpt, param_names: list[str]) -> list[Risk]:
-    """Every risk that applies, in checklist order (view: day0.configview.ConfigView)."""
+    """Every risk that applies, in checklist order (view: day0.checkpoint.configview.ConfigView)."""
     raw = view.raw
     risks: list[Risk] = []
     for note in notes:

@@ -28,7 +28,7 @@ analysis; reads no other stage's result.
 
 from __future__ import annotations
 
-from day0.contract import Stage, import_core
+from day0.execution.contract import Stage, import_core
 from day0.stages.api_alignment import plots, report
 
 

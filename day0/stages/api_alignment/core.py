@@ -8,14 +8,14 @@ import math
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from day0 import progress
-from day0.contract import Laps, StageInputs, StageResult
+from day0.execution import progress
+from day0.execution.contract import Laps, StageInputs, StageResult
 from day0.engines.client import EngineClient
 from day0.engines.greedy import compare_greedy
 from day0.engines.process import max_model_len
 from day0.errors import ConfigError
-from day0.modeling import load_pretrained
-from day0.sources import local_checkpoint
+from day0.checkpoint.modeling import load_pretrained
+from day0.store.sources import local_checkpoint
 from day0.stages.api_alignment.api import Engine
 from day0.stages.api_alignment.local import Side
 from day0.stages.api_alignment.measures import Measures, bucket_bounds, bucket_index

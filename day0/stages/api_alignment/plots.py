@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from day0.plots import bucket_bars
+from day0.rendering.plots import bucket_bars
 
 
 def plots(a: dict) -> dict[str, bytes]:

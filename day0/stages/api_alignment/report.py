@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from day0.mdtable import cell, table
+from day0.rendering.tables import cell, table
 
 KL_DEFINITION = (
     "truncated KL over a top-k set: per position, with S the side's own top-k tokens (the "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from day0.contract import Row
+from day0.execution.contract import Row
 
 
 class BucketRow(Row):

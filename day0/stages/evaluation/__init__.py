@@ -18,7 +18,7 @@ endpoint. Runs after analysis; reads no other stage's result.
 
 from __future__ import annotations
 
-from day0.contract import Stage, import_core
+from day0.execution.contract import Stage, import_core
 from day0.stages.evaluation import preflight, report
 
 

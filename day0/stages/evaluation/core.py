@@ -7,12 +7,13 @@ import os
 import tempfile
 from pathlib import Path
 
-from day0 import identity, progress
-from day0.checkpoint_io import read_config_dict
-from day0.contract import Laps, StageInputs
+from day0.store import identity
+from day0.execution import progress
+from day0.checkpoint.files import read_config_dict
+from day0.execution.contract import Laps, StageInputs
 from day0.engines.process import max_model_len
 from day0.errors import ConfigError, Day0Error, StageError, TargetFault, did_you_mean
-from day0.sources import local_checkpoint
+from day0.store.sources import local_checkpoint
 from day0.stages.evaluation import refstore, sides, tasks as tasking
 from day0.stages.evaluation.config import Config
 from day0.stages.evaluation.result import CategoryRow, FlipRow, Result, TaskRow

@@ -2,7 +2,7 @@
 
 lm-eval hands the model a batch of rows (its batch size, chosen from batch_tokens before any
 memory is known). The stage's runner kills it when its resident memory passes its budget
-(day0.budget), so a batch that does not fit must run in smaller chunks of rows. How much a row
+(day0.execution.budget), so a batch that does not fit must run in smaller chunks of rows. How much a row
 costs depends on the model, the dtype, the attention kernel and the allocator; it is measured:
 each chunk's peak (VmHWM, reset before it) over the memory it started from gives the cost per
 token, and the next chunk holds as many rows as fit in HEADROOM of the budget at the worst cost
@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from typing import Callable, TypeVar
 
-from day0.memory import peak_rss_bytes, reset_peak_rss, rss_bytes
+from day0.execution.memory import peak_rss_bytes, reset_peak_rss, rss_bytes
 
 HEADROOM = 0.85  # of the budget: the runner samples memory, a chunk's peak is not exact
 

@@ -15,13 +15,13 @@ import os
 from lm_eval.api.registry import get_model, register_model
 from lm_eval.models.huggingface import HFLM
 
-from day0.budget import stage_memory_bytes
+from day0.execution.budget import stage_memory_bytes
 from day0.engines.settings import Endpoint
-from day0.modeling import load_pretrained
-from day0.plugins import apply_plugins
+from day0.checkpoint.modeling import load_pretrained
+from day0.execution.plugins import apply_plugins
 from day0.stages.evaluation import prefix
 from day0.stages.evaluation.fit import RowFitter, prior_per_token
-from day0.targets import Target
+from day0.execution.targets import Target
 from day0.torchkit.evaltext import load_tokenizer
 
 

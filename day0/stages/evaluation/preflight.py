@@ -9,7 +9,7 @@ def check_gates(config: dict, gates: list) -> list[Problem]:
     """Before the run: every paired gate on an evaluation metric must be able to detect its
     allowed drop with the items the configured tasks have (business rows are read and checked
     here too: a bad row is an input error before any model loads)."""
-    from day0 import pairedtests
+    from day0.verdict import statistics
     from day0.stages.evaluation.config import Config
     from day0.stages.evaluation.tasks import planned
 
@@ -24,10 +24,10 @@ def check_gates(config: dict, gates: list) -> list[Problem]:
         if not n or gate.paired.test != "mcnemar":
             continue  # unknown until the run (lm-eval tasks, bootstrap sd): judged then
         spec = gate.paired
-        mde = pairedtests.mcnemar_mde(n, alpha=spec.alpha, power=spec.power,
+        mde = statistics.mcnemar_mde(n, alpha=spec.alpha, power=spec.power,
                                       discordance=spec.discordance)
         if mde > spec.allowed_drop:
-            need = pairedtests.mcnemar_items_needed(spec.allowed_drop, alpha=spec.alpha,
+            need = statistics.mcnemar_items_needed(spec.allowed_drop, alpha=spec.alpha,
                                                     power=spec.power,
                                                     discordance=spec.discordance)
             problems.append(Problem(

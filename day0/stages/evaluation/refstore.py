@@ -13,10 +13,10 @@ import hashlib
 import json
 from pathlib import Path
 
-from day0 import identity, storage
+from day0.store import identity, s3
 from day0.atomic import write_atomic
 from day0.stages.evaluation.config import Config
-from day0.targets import Target
+from day0.execution.targets import Target
 
 FORMAT = 2
 
@@ -56,9 +56,9 @@ def load(where: str, name: str) -> dict | None:
     """The stored results, or None when there are none (or they are unreadable: recomputed)."""
     uri = where + f"{name}.json"
     try:
-        raw = storage.read_object(uri) if storage.is_s3(where) else Path(uri).read_bytes()
+        raw = s3.read_object(uri) if s3.is_s3(where) else Path(uri).read_bytes()
         data = json.loads(raw)
-    except (OSError, ValueError, storage.NoSuchObject):
+    except (OSError, ValueError, s3.NoSuchObject):
         return None
     return data if isinstance(data, dict) and data.get("format") == FORMAT else None
 
@@ -66,8 +66,8 @@ def load(where: str, name: str) -> dict | None:
 def save(where: str, name: str, data: dict) -> str:
     uri = where + f"{name}.json"
     raw = json.dumps({"format": FORMAT, **data}).encode()
-    if storage.is_s3(where):
-        storage.put_object(uri, raw)
+    if s3.is_s3(where):
+        s3.put_object(uri, raw)
     else:
         write_atomic(uri, raw)
     return uri

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 
-from day0.mdtable import cell, table
+from day0.rendering.tables import cell, table
 
 DEFINITIONS = """\
 How to read these numbers: both sides answer the same items of the same lm-eval tasks (same \
@@ -104,7 +104,7 @@ def markdown(result: dict, gates: list | None = None) -> str:
 
 def plots(result: dict) -> dict[str, bytes]:
     """Accuracy per category, reference vs target."""
-    from day0 import plots as drawing
+    from day0.rendering import plots as drawing
 
     cats = result.get("categories") or []
     if not cats:

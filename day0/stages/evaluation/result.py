@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import ConfigDict, Field
 
-from day0.contract import Row, StageResult
+from day0.execution.contract import Row, StageResult
 
 
 class FlipRow(Row):

@@ -20,7 +20,7 @@ What it needs: an engine target and its endpoint, the checkpoint's tokenizer, th
 
 from __future__ import annotations
 
-from day0.contract import Option, Stage, import_core
+from day0.execution.contract import Option, Stage, import_core
 from day0.stages.performance import report
 
 

@@ -16,7 +16,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from day0 import identity, storage
+from day0.store import identity, s3
 from day0.atomic import write_atomic
 from day0.engines.loadgen import LoadRun
 
@@ -47,10 +47,10 @@ def location(store: str | None, source: str, revision: str | None, target_name: 
 def load(where: str) -> dict | None:
     """The stored baseline, or None (none yet, or unreadable: reported as no baseline)."""
     try:
-        raw = (storage.read_object(where + NAME) if storage.is_s3(where)
+        raw = (s3.read_object(where + NAME) if s3.is_s3(where)
                else Path(where + NAME).read_bytes())
         data = json.loads(raw)
-    except (OSError, ValueError, storage.NoSuchObject):
+    except (OSError, ValueError, s3.NoSuchObject):
         return None
     return data if isinstance(data, dict) and data.get("format") == FORMAT else None
 
@@ -76,8 +76,8 @@ def save(where: str, runs: dict[str, dict], *, promoted_from: str) -> str:
                            "at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
     raw = json.dumps(current).encode()
     uri = where + NAME
-    if storage.is_s3(where):
-        storage.put_object(uri, raw)
+    if s3.is_s3(where):
+        s3.put_object(uri, raw)
     else:
         write_atomic(uri, raw)
     return uri

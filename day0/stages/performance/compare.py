@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 
-from day0.contract import Row
+from day0.execution.contract import Row
 from pydantic import Field
 
 KINDS = ("ttft", "tpot", "e2el")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from day0 import progress
-from day0.contract import StageInputs
+from day0.execution import progress
+from day0.execution.contract import StageInputs
 from day0.engines import loadgen
 from day0.stages.performance import baseline, compare, kernel
 from day0.engines import workloads as wl

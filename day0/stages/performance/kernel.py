@@ -20,8 +20,8 @@ import statistics
 import time
 from typing import Callable
 
-from day0 import progress
-from day0.contract import StageInputs
+from day0.execution import progress
+from day0.execution.contract import StageInputs
 from day0.engines import workloads as wl
 from day0.errors import TargetFault
 from day0.stages.performance.compare import quantile
@@ -66,9 +66,9 @@ def prepare(config: Config, inputs: StageInputs, file: wl.WorkloadFile, names: l
     the rows and per-repeat records of every (workload, batch), or of the runs named."""
     import torch
 
-    from day0.modeling import load_pretrained
-    from day0.plugins import apply_plugins
-    from day0.sources import local_checkpoint
+    from day0.checkpoint.modeling import load_pretrained
+    from day0.execution.plugins import apply_plugins
+    from day0.store.sources import local_checkpoint
 
     target = inputs.target
     source = local_checkpoint(inputs.source, log=print)

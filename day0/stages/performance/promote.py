@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from day0 import storage
+from day0.store import s3
 from day0.errors import InputError
 from day0.stages.performance import baseline
 
@@ -14,8 +14,8 @@ from day0.stages.performance import baseline
 def _read(folder: str, name: str) -> bytes:
     uri = folder.rstrip("/") + "/" + name
     try:
-        return storage.read_object(uri) if storage.is_s3(uri) else Path(uri).read_bytes()
-    except (OSError, storage.NoSuchObject):
+        return s3.read_object(uri) if s3.is_s3(uri) else Path(uri).read_bytes()
+    except (OSError, s3.NoSuchObject):
         raise InputError(f"{name} not found", file=uri,
                          fix="give the folder `day0 validate --out` wrote, or a published run "
                              "folder (<results>/<model>/<revision>/<target>/runs/<run>/)") from None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from day0.mdtable import cell, notes_and_findings, table
+from day0.rendering.tables import cell, notes_and_findings, table
 
 HEAD = ["run", "requests", "failed", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "ITL p99 ms",
         "E2EL p99 ms", "req/s", "out tok/s", "goodput"]
@@ -103,7 +103,7 @@ def evidence(result: dict) -> dict:
 def plots(result: dict) -> dict[str, bytes]:
     """Latency CDFs per workload (TTFT and E2EL, one line per level), TTFT/TPOT p99 against
     the level."""
-    from day0 import plots as drawing
+    from day0.rendering import plots as drawing
 
     requests = result.get("requests") or []
     runs = [r for r in result.get("runs", []) if not r.get("error")]
@@ -144,7 +144,7 @@ def plots(result: dict) -> dict[str, bytes]:
 
 def _kernel_plots(runs: list[dict]) -> dict[str, bytes]:
     """Prefill tokens/s and decode ms/token against the batch size, one line per workload."""
-    from day0 import plots as drawing
+    from day0.rendering import plots as drawing
 
     fig = drawing.figure(width=7.5, height=3.6)
     left, right = fig.subplots(1, 2)

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from day0.contract import Row, StageResult
+from day0.execution.contract import Row, StageResult
 from day0.stages.performance.compare import Slowdown
 
 QUANTILES = ("p50", "p90", "p99")

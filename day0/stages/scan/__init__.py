@@ -12,7 +12,7 @@
 
 Before the forward, with weights present, every tensor's name and shape in the safetensors
 headers is compared with that same full-size model after transformers' own loading conversions
-(day0.checkpoint_match; ``check_shapes``): a mismatch is one CheckpointError listing every problem
+(day0.checkpoint.match; ``check_shapes``): a mismatch is one CheckpointError listing every problem
 (exit 2), tensors the class does not use are reported (``checkpoint``), and where the header-only
 roles analysis counted with differ from the class's, a note says so.
 
@@ -24,7 +24,7 @@ runs after analysis and reads no other stage's result.
 
 from __future__ import annotations
 
-from day0.contract import Stage, import_core
+from day0.execution.contract import Stage, import_core
 
 
 class Scan(Stage):

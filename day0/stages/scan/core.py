@@ -11,9 +11,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from day0.contract import StageInputs, StageResult
+from day0.execution.contract import StageInputs, StageResult
 from day0.errors import ConfigError
-from day0 import memory, progress
+from day0.execution import memory, progress
 from day0.stages.scan.match import CheckpointMatch, match_checkpoint
 from day0.yamlio import read_mapping
 
@@ -133,8 +133,8 @@ def common_ops() -> list[str]:
 
 # -- the stage --------------------------------------------------------------------------------
 def run(config: Config, inputs: StageInputs) -> Result:
-    from day0.checkpoint_io import read_config
-    from day0.modeling import resolve_config
+    from day0.checkpoint.files import read_config
+    from day0.checkpoint.modeling import resolve_config
     from day0.stages.scan.meta import meta_scan
     from day0.torchkit.dtypes import torch_dtype
 

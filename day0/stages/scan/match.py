@@ -2,11 +2,11 @@
 
 Header-only analysis counts parameters without transformers; whether every tensor's name and
 shape is what transformers' class loads needs the class, so it is checked here, on the model
-:func:`day0.stages.scan.meta.meta_scan` built, before its forward: day0.checkpoint_match raises one
+:func:`day0.stages.scan.meta.meta_scan` built, before its forward: day0.checkpoint.match raises one
 CheckpointError listing every problem (the files' and the shapes'), exactly as analysis did before
 it became header-only. The class's roles then give the header-level sanity findings
-(day0.header_sanity) and are compared with the header-only roles analysis counted with
-(day0.checkpoint.classify): a difference is a note, so params.total/unused are never silently
+(day0.checkpoint.header_sanity) and are compared with the header-only roles analysis counted with
+(day0.checkpoint.headers.classify): a difference is a note, so params.total/unused are never silently
 off.
 """
 
@@ -16,11 +16,11 @@ import dataclasses
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from day0.checkpoint import classify
-from day0.checkpoint_match import check_checkpoint
-from day0.configview import resolve
+from day0.checkpoint.headers import classify
+from day0.checkpoint.match import check_checkpoint
+from day0.checkpoint.configview import resolve
 from day0.errors import InputError
-from day0.header_sanity import header_problems
+from day0.checkpoint.header_sanity import header_problems
 
 SHOWN = 3  # tensors named per role difference
 

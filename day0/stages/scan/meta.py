@@ -245,8 +245,8 @@ class MetaScan:
 def _layer_progress(model, recorder) -> list:
     """Forward hooks saying how many decoder layers the full-size forward has passed (and the
     op calls recorded so far); they read counters only, never a tensor."""
-    from day0 import progress
-    from day0.modeling import decoder_layers
+    from day0.execution import progress
+    from day0.checkpoint.modeling import decoder_layers
 
     try:
         layers = decoder_layers(model)
@@ -274,7 +274,7 @@ def meta_scan(resolved, *, dtype: torch.dtype, seq_len: int, batch: int = 1,
     fault-injecting one would stop the scan); the probe runs them, and ops a plugin replaces show
     up as unprobed there rather than silently covered.
     """
-    from day0.modeling import build_meta_model
+    from day0.checkpoint.modeling import build_meta_model
 
     start = time.perf_counter()
     config = resolved.config

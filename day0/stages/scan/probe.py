@@ -169,8 +169,8 @@ def run_probe(resolved, *, device: str, dtype: torch.dtype, plugins: list[str], 
               heads: int, intermediate: int, vocab: int, max_layers: int, seq_len: int,
               seed: int = 0) -> Probe:
     """Build the shrunk model on the device, apply plugins, run one forward under the probe."""
-    from day0.modeling import quiet_transformers
-    from day0.plugins import apply_plugins
+    from day0.checkpoint.modeling import quiet_transformers
+    from day0.execution.plugins import apply_plugins
 
     start = time.perf_counter()
     _check_device(device)

@@ -23,7 +23,7 @@ configuration, the checkpoint's tokenizer, launch mode for variants.
 
 from __future__ import annotations
 
-from day0.contract import Stage, import_core
+from day0.execution.contract import Stage, import_core
 from day0.stages.serving import report
 
 

@@ -14,7 +14,7 @@ import math
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from day0.contract import Row
+from day0.execution.contract import Row
 from day0.engines.greedy import Step, compare_greedy
 
 

@@ -8,8 +8,8 @@ import time
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from day0 import progress
-from day0.contract import StageInputs, StageResult
+from day0.execution import progress
+from day0.execution.contract import StageInputs, StageResult
 from day0.engines.client import EngineClient
 from day0.errors import ConfigError, InputError
 from day0.stages.serving.compare import Agreement, agreement, worst
@@ -110,7 +110,7 @@ def _selected(config: Config, declared: dict[str, list[str]]) -> dict[str, list[
 
 def run(config: Config, inputs: StageInputs) -> Result:
     from day0.engines.process import launched, max_model_len
-    from day0.sources import local_checkpoint
+    from day0.store.sources import local_checkpoint
 
     started = time.monotonic()
     settings, endpoint = inputs.target.engine, inputs.endpoint

@@ -23,7 +23,7 @@ from typing import Callable
 
 from pydantic import Field
 
-from day0.contract import Row
+from day0.execution.contract import Row
 from day0.engines.client import EngineClient
 from day0.engines.greedy import Step
 from day0.stages.serving.compare import Agreement, agreement, worst

@@ -35,7 +35,7 @@ behaves. What it needs: the endpoint and the checkpoint's tokenizer files; no to
 
 from __future__ import annotations
 
-from day0.contract import Stage, import_core
+from day0.execution.contract import Stage, import_core
 from day0.stages.smoke import report
 
 

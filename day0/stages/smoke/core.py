@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from day0.contract import StageInputs
+from day0.execution.contract import StageInputs
 from day0.engines.client import EngineClient
 from day0.errors import StageError
 from day0.stages.smoke.checks import (CHAT, COMPLETION, Session, chat_not_applicable,
@@ -39,7 +39,7 @@ def run(config: Config, inputs: StageInputs) -> Result:
     Raises StageError (ERROR) without an endpoint, and EngineUnreachable (a StageError) when the
     engine stops answering mid-stage; every other engine misbehaviour is a failed check."""
     from day0.engines.settings import EngineSettings
-    from day0.sources import local_checkpoint
+    from day0.store.sources import local_checkpoint
     from day0.torchkit.evaltext import checkpoint_dir, load_tokenizer
 
     started = time.monotonic()

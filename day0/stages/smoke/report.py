@@ -6,7 +6,7 @@ render an older or foreign result as best they can.
 
 from __future__ import annotations
 
-from day0.mdtable import cell, table
+from day0.rendering.tables import cell, table
 
 MISMATCH_ROWS = 20  # mismatch rows shown per table in report.md (all are in report.json)
 

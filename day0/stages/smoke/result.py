@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from day0.contract import StageResult
+from day0.execution.contract import StageResult
 from day0.stages.smoke.parity import Mismatch
 
 Family = Literal["api", "stream", "usage", "detokenize", "tokenizer", "chat_template",

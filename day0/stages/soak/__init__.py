@@ -19,7 +19,7 @@ machine), the checkpoint's tokenizer, the engine venv (the load generator). Runs
 
 from __future__ import annotations
 
-from day0.contract import Option, Stage, import_core
+from day0.execution.contract import Option, Stage, import_core
 from day0.durations import positive_seconds
 from day0.stages.soak import report
 

@@ -10,8 +10,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from day0 import progress
-from day0.contract import StageInputs
+from day0.execution import progress
+from day0.execution.contract import StageInputs
 from day0.engines import loadgen, procmem
 from day0.engines import workloads as wl
 from day0.engines.client import EngineClient, EngineError

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from day0.mdtable import cell, notes_and_findings, table
+from day0.rendering.tables import cell, notes_and_findings, table
 
 
 def _trend(t: dict | None, unit: str) -> str:
@@ -68,7 +68,7 @@ def findings(result: dict) -> list[str]:
 
 def plots(result: dict) -> dict[str, bytes]:
     """Memory over time with its fitted slope; latency and throughput per window."""
-    from day0 import plots as drawing
+    from day0.rendering import plots as drawing
 
     samples = result.get("samples") or []
     windows = [w for w in result.get("windows", []) if not w.get("error")]

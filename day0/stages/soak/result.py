@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from day0.contract import Row, StageResult
+from day0.execution.contract import Row, StageResult
 from day0.durations import positive_seconds, seconds
 from day0.stages.soak.trend import Trend
 

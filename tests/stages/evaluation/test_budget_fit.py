@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from day0.contract import StageInputs
-from day0.stage import StageSpec, run_stage
-from day0.targets import resolve_target
+from day0.execution.contract import StageInputs
+from day0.execution.stage import StageSpec, run_stage
+from day0.execution.targets import resolve_target
 
 pytestmark = [pytest.mark.slow]
 
@@ -53,7 +53,7 @@ def test_the_stage_fits_its_rows_to_a_budget_that_would_kill_its_batch(perf_mode
 
 FITTER_CHECK = """
 import os
-from day0.memory import rss_bytes
+from day0.execution.memory import rss_bytes
 from day0.stages.evaluation import fit
 
 row_bytes = 24 * 2**20

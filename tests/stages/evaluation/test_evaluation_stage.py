@@ -10,10 +10,10 @@ import os
 
 import pytest
 
-from day0.contract import StageInputs
-from day0.gates import evaluate, load_gates
-from day0.stage import StageSpec, execute
-from day0.targets import Target
+from day0.execution.contract import StageInputs
+from day0.verdict.gates import evaluate, load_gates
+from day0.execution.stage import StageSpec, execute
+from day0.execution.targets import Target
 from tests.conftest import MODELS, PLUGINS, ROOT
 
 TINY_LLAMA = MODELS / "tiny-llama"

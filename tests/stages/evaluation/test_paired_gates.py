@@ -12,8 +12,8 @@ import yaml
 
 from day0 import DATA_DIR
 from day0.errors import ConfigError
-from day0.gates import GatesFile, evaluate, load_gates
-from day0.pipeline import check_gates
+from day0.verdict.gates import GatesFile, evaluate, load_gates
+from day0.verdict.pipeline import check_gates
 from tests.conftest import MODELS, ROOT
 
 EXAMPLE = ROOT / "day0" / "stages" / "evaluation" / "data" / "business_example.jsonl"

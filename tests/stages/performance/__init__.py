@@ -6,7 +6,7 @@ from tests.conftest import ROOT
 
 def performance_gates(result) -> dict:
     """The shipped gates on a performance Result's metrics, by id (performance gates only)."""
-    from day0.gates import evaluate, load_gates
+    from day0.verdict.gates import evaluate, load_gates
 
     judged = evaluate(load_gates(ROOT / "gates.yaml"), result.metrics(), is_moe=False,
                       inapplicable=result.inapplicable)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from day0.gates import Gate, GatesFile, evaluate, load_gates
+from day0.verdict.gates import Gate, GatesFile, evaluate, load_gates
 from day0.stages import plan
 from day0.stages.performance import baseline
 from day0.stages.performance.compare import compare, slowdown

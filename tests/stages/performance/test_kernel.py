@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from day0.contract import StageInputs
-from day0.stage import StageSpec, execute
-from day0.targets import Target
+from day0.execution.contract import StageInputs
+from day0.execution.stage import StageSpec, execute
+from day0.execution.targets import Target
 from tests.conftest import ROOT
 from tests.stages.performance import performance_gates
 

@@ -8,13 +8,13 @@ import random
 import pytest
 from pydantic import ValidationError
 
-from day0.budget import derive
+from day0.execution.budget import derive
 from day0.durations import seconds
 from day0.stages import plan
 from day0.stages.soak.checks import compare_probes
 from day0.stages.soak.result import Config, Result, Window
 from day0.stages.soak.trend import trend
-from day0.targets import resolve_target
+from day0.execution.targets import resolve_target
 
 
 @pytest.mark.parametrize("text,expected", [("10h", 36000), ("30m", 1800), ("1h30m", 5400),

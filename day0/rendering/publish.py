@@ -1,0 +1,102 @@
+"""Where a report goes: report.json, report.md, the stages' plots (``plots/<stage>-<name>.png``)
+and files, written to a folder (:func:`write`) or published as one run under the results
+location (:func:`publish_to_store`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from day0.atomic import write_atomic
+from day0.errors import Day0Error
+from day0.execution.stage import StageOutcome
+from day0.verdict.report import Report, _stage
+from day0.rendering.report import to_markdown
+
+
+def plots(report: Report, log=None) -> dict[str, bytes]:
+    """PNG per plot of every stage (its `plots` hook, given its evidence), named
+    ``<stage>-<name>``. A plot that cannot be drawn is logged and left out, never a failure."""
+    out: dict[str, bytes] = {}
+    for name, result in report.evidence.items():
+        try:
+            made = stage.plots(result) if (stage := _stage(name)) else {}
+        except Exception as exc:  # a figure is evidence shown, never the verdict
+            if log:
+                log.warning("stage %s: plots not drawn: %s: %s", name, type(exc).__name__, exc)
+            continue
+        out.update({f"{name}-{plot}": png for plot, png in made.items()})
+    return out
+
+
+def stage_files(outcomes: dict[str, StageOutcome] | None, log=None) -> dict[str, bytes]:
+    """Files of the stages' `files` hooks (e.g. evaluation/<task>.jsonl), from their whole
+    results; a hook that raises is logged and its files left out."""
+    out: dict[str, bytes] = {}
+    for name, outcome in (outcomes or {}).items():
+        if not outcome.ok or not outcome.result:
+            continue
+        try:
+            if stage := _stage(name):
+                out.update(stage.files(outcome.result))
+        except Exception as exc:  # evidence kept aside, never the verdict
+            if log:
+                log.warning("stage %s: files not written: %s: %s", name, type(exc).__name__, exc)
+    return out
+
+
+def _plot_files(plots_: dict[str, bytes] | None) -> dict[str, bytes]:
+    return {f"plots/{name}.png": png for name, png in (plots_ or {}).items()}
+
+
+def _plot_links(plots_: dict[str, bytes] | None) -> dict[str, str]:
+    return {name: f"plots/{name}.png" for name in plots_ or {}}
+
+
+def write(report: Report, out: str | Path, plots: dict[str, bytes] | None = None,
+          files: dict[str, bytes] | None = None) -> tuple[Path, Path]:
+    """report.json, report.md, plots/<name>.png and the stages' files under out."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out / "report.json", out / "report.md"
+    for name, data in {**_plot_files(plots), **(files or {})}.items():
+        write_atomic(out / name, data)  # creates the folder
+    write_atomic(json_path, report.model_dump_json(indent=2))
+    write_atomic(md_path, to_markdown(report, images=_plot_links(plots)))
+    return json_path, md_path
+
+
+def publish_to_store(report: Report, outcomes: dict[str, StageOutcome] | None = None,
+                     log=None, plots: dict[str, bytes] | None = None) -> str | None:
+    """report.json, report.md, plots/<name>.png and stages/<stage>.json as one run under the
+    results location
+    (day0.store.identity: ``<base>/<model>/<revision>/<target>/runs/<run-id>/``, latest.json naming the
+    newest run): for an s3:// source or with DAY0_RESULTS_URI set; sets report.results_uri. A
+    store that fails here is logged, never turned into a failed verdict."""
+    from day0.store import identity
+
+    ident = report.identity or {}
+    run_id = ident.get("run_id") or identity.new_run_id()
+    try:
+        folder = identity.results_location(None, report.source, report.target.name,
+                                           ident.get("revision"), ident.get("model"),
+                                           weights=ident.get("weights_digest"))
+        if folder is None:
+            return None
+        report.results_uri = identity.run_location(folder, run_id)
+        files = {"report.json": report.model_dump_json(indent=2).encode(),
+                 "report.md": to_markdown(report, images=_plot_links(plots)).encode(),
+                 **_plot_files(plots)}
+        for name, outcome in (outcomes or {}).items():
+            files[f"stages/{name}.json"] = outcome.model_dump_json(indent=1).encode()
+        files.update(stage_files(outcomes, log))
+        where = identity.publish_run(files, source=report.source, target_name=report.target.name,
+                                     model=ident.get("model"), revision=ident.get("revision"),
+                                     run_id=run_id, weights=ident.get("weights_digest"))
+    except Day0Error as exc:
+        report.results_uri = None
+        if log:
+            log.error("results not published: %s", exc)
+        return None
+    if log:
+        log.info("results published to %s", where)
+    return where

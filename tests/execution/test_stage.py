@@ -1,0 +1,96 @@
+"""The stage contract and the subprocess runner: crashes, timeouts and OOM become outcomes."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from day0.execution.contract import StageInputs
+from day0.execution.stage import StageOutcome, StageSpec, execute, run_stage
+from day0.execution.targets import resolve_target
+from tests.conftest import FIXTURES, PLUGINS
+
+CONFIG = str(FIXTURES / "configs" / "Llama-3.1-8B.json")
+
+
+def spec(stage="analysis", source=CONFIG, config=None, **target):
+    tgt = resolve_target("cpu-bf16").model_copy(update=target)
+    return StageSpec(stage=stage, config=config or {}, inputs=StageInputs(source=source, target=tgt))
+
+
+def test_execute_in_process_returns_result_and_metrics():
+    outcome = execute(spec())
+    assert outcome.ok, outcome.error
+    assert outcome.metrics["analysis.params_total"] == pytest.approx(8.03e9, rel=0.01)
+
+
+def test_subprocess_contract_round_trip(tmp_path):
+    spec_file, result_file = tmp_path / "spec.json", tmp_path / "result.json"
+    spec_file.write_text(spec().model_dump_json())
+    proc = subprocess.run([sys.executable, "-m", "day0.execution.stage", str(spec_file), str(result_file)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    outcome = StageOutcome.model_validate_json(result_file.read_text())
+    assert outcome.ok and outcome.result["architecture"] == "LlamaForCausalLM"
+
+
+def test_bad_input_is_input_failure_with_exit_2(tmp_path):
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    outcome = run_stage(spec(source=str(bad)), timeout_s=300)
+    assert not outcome.ok and outcome.failure == "input" and outcome.exit_code == 2
+    assert str(bad) in outcome.error
+
+
+def test_unknown_stage_config_field_is_config_failure():
+    outcome = run_stage(spec(config={"no_such_field": 1}), timeout_s=300)
+    assert not outcome.ok and outcome.failure == "config"
+    assert "no_such_field" in outcome.error
+
+
+def test_crash_becomes_failed_stage_naming_sigkill():
+    # the crash plugin SIGKILLs the process that applies it: only the stage child dies
+    outcome = run_stage(spec(stage="alignment", source=str(FIXTURES / "models" / "tiny-llama"),
+                             plugins=[str(PLUGINS / "crash.py")]), timeout_s=300)
+    assert not outcome.ok and outcome.failure == "crash"
+    assert "SIGKILL" in outcome.error and "alignment" in outcome.error
+
+
+def test_timeout_kills_the_stage():
+    # the hang plugin sleeps where the target is built: a stage that never ends by itself
+    outcome = run_stage(spec(stage="alignment", source=str(FIXTURES / "models" / "tiny-llama"),
+                             plugins=[str(PLUGINS / "hang.py")]), timeout_s=3)
+    assert not outcome.ok and outcome.failure == "timeout" and "3 s" in outcome.error
+
+
+def test_memory_limit_kills_the_stage():
+    outcome = run_stage(spec(), timeout_s=300, memory_limit_gib=0.02)
+    assert not outcome.ok and outcome.failure == "oom" and "memory limit" in outcome.error
+
+
+
+def test_nan_metrics_survive_json(tmp_path):
+    outcome = StageOutcome(stage="x", ok=True, metrics={"a": float("nan"), "b": float("inf")})
+    back = StageOutcome.model_validate_json(outcome.model_dump_json())
+    assert json.loads(outcome.model_dump_json())["metrics"]["a"] == "NaN"
+    assert back.metrics["a"] != back.metrics["a"] and back.metrics["b"] == float("inf")
+
+def test_log_lines_are_streamed_and_exit_code_reported(tmp_path):
+    plugin = tmp_path / "loud_exit.py"
+    plugin.write_text("import os, sys\n"
+                      "def apply(model):\n"
+                      "    print('hello from the plugin', flush=True)\n"
+                      "    os._exit(3)\n")
+    lines = []
+    outcome = run_stage(spec(stage="alignment", source=str(FIXTURES / "models" / "tiny-llama"),
+                             plugins=[str(plugin)]), timeout_s=300, log=lines.append)
+    assert "hello from the plugin" in lines
+    # progress lines are streamed too (models loaded before the plugin ran), never in the tail
+    from day0.execution.progress import PREFIX, parse
+
+    assert [p.what for p in map(parse, lines) if p][:1] == ["weights"]
+    assert any(p.what == "models" for p in map(parse, lines) if p)
+    told = [line for line in lines if not line.startswith(PREFIX)]
+    assert outcome.log_tail == told[-len(outcome.log_tail):]
+    assert outcome.failure == "crash" and "exit code 3" in outcome.error

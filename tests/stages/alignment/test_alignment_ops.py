@@ -1,0 +1,113 @@
+"""Per-operator replay (day0.torchkit.replay) on ops recorded by the real OpRecorder."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from day0.torchkit.replay import check_ops, replay_recorded
+from day0.torchkit.tolerances import load_tolerances
+from day0.errors import ConfigError
+from day0.checkpoint.modeling import load_pretrained
+from day0.torchkit.opcapture import OpRecorder
+
+TOL = load_tolerances()
+
+
+def _replay(fn, dtype="bfloat16", reference_inputs="rounded"):
+    with torch.no_grad(), OpRecorder(record_examples=True, track_modules=False) as rec:
+        fn()
+    rows = replay_recorded(rec, device="cpu", dtype=dtype, tolerances=TOL,
+                           reference_inputs=reference_inputs)
+    return {row.op: row for row in rows}
+
+
+def test_well_conditioned_ops_pass_in_every_dtype():
+    x = torch.randn(32, 48)
+    w = torch.randn(48, 16)
+    for dtype in ("bfloat16", "float16", "float32"):
+        rows = _replay(lambda: (torch.mm(x, w), torch.softmax(x, -1), torch.nn.functional.silu(x),
+                                x.sum(-1), x * 2 + 1), dtype)
+        bad = {k: r.reason for k, r in rows.items() if r.status != "ok"}
+        assert not bad, (dtype, bad)
+        assert rows["aten.mm.default"].kind == "accumulate"
+        assert rows["aten.mul.Tensor"].kind == "elementwise"
+
+
+def test_fp16_overflow_fails_the_op():
+    x = torch.tensor([1.0, 5.0, 12.0])  # exp(12) = 162755 > fp16 max 65504 -> inf
+    rows = _replay(lambda: torch.exp(x), "float16")
+    row = rows["aten.exp.default"]
+    assert row.status == "failed" and row.mismatched == 1
+    assert row.tolerance_ratio == float("inf")
+    assert _replay(lambda: torch.exp(x), "bfloat16")["aten.exp.default"].status == "ok"
+
+
+def test_discrete_ops_are_exact_and_accept_ties():
+    # Values equal after rounding to bfloat16 make ties; any tied index is correct.
+    x = torch.tensor([[1.0, 1.0001, 0.5], [3.0, 2.0, 3.0004]])
+    rows = _replay(lambda: (torch.argmax(x, -1), torch.topk(x, 2, -1), torch.sort(x, -1),
+                            torch.gt(x, 1.0), torch.max(x, -1)))
+    for name in ("aten.argmax.default", "aten.topk.default", "aten.sort.default",
+                 "aten.gt.Scalar", "aten.max.dim"):
+        assert rows[name].kind == "discrete", name
+        assert rows[name].status == "ok", (name, rows[name].reason)
+
+
+def test_target_that_cannot_run_an_op_is_an_error_not_a_skip():
+    a = torch.eye(4) * 2
+    row = _replay(lambda: torch.linalg.cholesky_ex(a))["aten.linalg_cholesky_ex.default"]
+    assert row.status == "error"
+    assert "BFloat16" in row.reason
+
+
+def test_unreplayable_ops_are_skipped_with_reason_and_factories_compared():
+    rows = _replay(lambda: (torch.empty(3), torch.arange(5), torch.zeros(2, 2),
+                            torch.full((2,), 7.0)))
+    assert rows["aten.empty.memory_format"].status == "skipped"
+    assert "uninitialized" in rows["aten.empty.memory_format"].reason
+    for name in ("aten.arange.default", "aten.zeros.default", "aten.full.default"):
+        assert rows[name].status == "ok", name
+
+
+def test_inplace_ops_replay_from_their_inputs():
+    x = torch.randn(8)
+
+    def fn():
+        x.clone().mul_(3.0).add_(1.0)
+        torch.zeros(3).index_add_(0, torch.tensor([0, 0, 2]), torch.ones(3))
+
+    # float32 too: there a dtype cast is a no-op, so only explicit copies protect the example
+    # that both sides replay from.
+    for dtype in ("bfloat16", "float32"):
+        rows = _replay(fn, dtype)
+        for name in ("aten.mul_.Tensor", "aten.add_.Tensor", "aten.index_add_.default"):
+            assert rows[name].status == "ok", (dtype, name, rows[name].reason)
+        assert rows["aten.index_add_.default"].max_abs_error == 0.0
+
+
+def test_rounded_reference_inputs_isolate_kernel_error():
+    # sin of large angles: the input rounding alone moves the result far beyond bf16's rtol.
+    x = torch.linspace(20, 200, 64)
+    assert _replay(lambda: torch.sin(x))["aten.sin.default"].status == "ok"
+    unrounded = _replay(lambda: torch.sin(x), reference_inputs="float32")["aten.sin.default"]
+    assert unrounded.status == "failed"
+
+
+def test_check_ops_on_a_model_covers_its_ops(tiny_llama):
+    model = load_pretrained(tiny_llama)
+    rows = check_ops(model, torch.arange(16).unsqueeze(0), device="cpu", dtype="bfloat16",
+                     tolerances=TOL)
+    names = {r.op for r in rows}
+    assert {"aten.mm.default", "aten.embedding.default"} <= names
+    assert all(r.status in ("ok", "skipped") for r in rows), \
+        [(r.op, r.reason) for r in rows if r.status not in ("ok", "skipped")]
+    assert all(r.reason for r in rows if r.status == "skipped")
+
+
+def test_bad_tolerance_file_is_a_config_error(tmp_path):
+    bad = tmp_path / "tol.yaml"
+    bad.write_text("ops: {kinds: {}, tolerances: {}}\nlayer: {}\n")
+    with pytest.raises(ConfigError) as err:
+        load_tolerances(bad)
+    assert str(bad) in str(err.value) and "layer" in str(err.value)
