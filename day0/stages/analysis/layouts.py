@@ -93,9 +93,14 @@ def rope_section(params: dict, theta_default=None, unknown=None, where: str = "r
         value = params[key]
         variant[key if key not in LONG_LISTS else f"{key}_len"] = (
             len(value) if key in LONG_LISTS and isinstance(value, (list, tuple)) else value)
-    return RopeSection(theta=theta, type=str(kind), factor=number(params.get("factor")),
-                       original_max_positions=number(params.get("original_max_position_embeddings"),
-                                                     int), variant=variant)
+    found = {}
+    for key, kind_of in (("factor", float), ("original_max_position_embeddings", int)):
+        found[key] = number(params.get(key), kind_of)
+        if params.get(key) is not None and found[key] is None:
+            note_unknown(unknown, f"{where}.{key}", f"not a number: {str(params[key])[:40]!r}")
+    return RopeSection(theta=theta, type=str(kind), factor=found["factor"],
+                       original_max_positions=found["original_max_position_embeddings"],
+                       variant=variant)
 
 
 def rope_dicts(view, unknown=None) -> tuple[dict, dict[str, dict]]:
@@ -150,15 +155,16 @@ def layout_summary(kinds: list[str]) -> str | None:
         return None
     period = next(p for p in range(1, len(kinds) + 1)
                   if all(kinds[i] == kinds[i % p] for i in range(len(kinds))))
-    if period > len(kinds) // 2:
-        return None  # no repeat: the indices say it
+    if period > len(kinds) // 2 and period > 8:
+        return None  # a long irregular layout: the indices say it
     runs: list[list] = []
     for kind in kinds[:period]:
         if runs and runs[-1][1] == kind:
             runs[-1][0] += 1
         else:
             runs.append([1, kind])
-    return (" + ".join(f"{n} {k}" for n, k in runs) + f", repeating every {period} layers"
+    return (" + ".join(f"{n} {k}" for n, k in runs)
+            + (f", repeating every {period} layers" if period < len(kinds) else "")
             + ("" if len(kinds) % period == 0 else f" ({len(kinds)} layers: the last pattern cut)"))
 
 
@@ -193,6 +199,9 @@ def layer_split(view, attention, unknown=None) -> dict[str, int]:
             cls = "full"
         if cls in ("window", "chunk"):
             cap = attention.sliding_window if cls == "window" else attention.chunk_size
+            if not cap and kind != "sliding_attention":  # transformers itself drops a null window
+                note_unknown(unknown, "sliding_window" if cls == "window" else "attention_chunk_size",
+                             f"{kind} layers without one; counted as full attention")
             split["windowed" if cap else "full"] += n
         elif cls in ("full", "hybrid"):
             split["full"] += n
