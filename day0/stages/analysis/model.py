@@ -159,7 +159,8 @@ def rope_facts(view, unknown: list[str] | None = None) -> Rope | None:
     per_type = {k: rope_section({**flat, **v}, theta, unknown, f"rope_parameters.{k}")
                 for k, v in nested.items()}
     # the summary: full attention's, else the first type that has a theta
-    ranked = sorted(per_type.items(), key=lambda kv: (kv[1].theta is None, kv[0] != "full_attention"))
+    ranked = sorted(per_type.items(), key=lambda kv: (kv[1].theta is None, kv[0] != "full_attention",
+                                                      kv[0]))
     main = ranked[0][1] if ranked else rope_section(flat, theta, unknown)
     partial = next((p for p in [flat.get("partial_rotary_factor"),
                                 *(v.get("partial_rotary_factor") for v in nested.values()),
