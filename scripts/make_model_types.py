@@ -18,6 +18,7 @@ names. tests/checkpoint/test_configview.py regenerates it in memory and compares
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import dataclasses
 import inspect
@@ -54,6 +55,13 @@ def analysis_fields() -> list[str]:
     names = list(data["class_fields"])
     for aliases in data["config_fields"].values():
         names += aliases
+    # the fields the recurrent-state formulas name (day0/data/layer_state.yaml)
+    state = yaml.safe_load((ROOT / "day0" / "data" / "layer_state.yaml").read_text())
+    for spec in state["state"].values():
+        for alternatives in spec["values"].values():
+            names += [node.id for alt in alternatives
+                      for node in ast.walk(ast.parse(str(alt), mode="eval"))
+                      if isinstance(node, ast.Name)]
     return list(dict.fromkeys(names))
 
 

@@ -132,11 +132,24 @@ def config_path(source: str | Path) -> Path:
     return path
 
 
+# transformers' save_pretrained writes non-finite floats as {"__float__": "Infinity"} (e.g.
+# falcon_h1's time_step_limit) and from_pretrained decodes them: so does day0, or it would refuse
+# a config transformers loads
+SPECIAL_FLOATS = {"Infinity": float("inf"), "-Infinity": float("-inf"), "NaN": float("nan")}
+
+
+def _special_float(obj: dict):
+    if len(obj) == 1 and isinstance(obj.get("__float__"), str) and obj["__float__"] in SPECIAL_FLOATS:
+        return SPECIAL_FLOATS[obj["__float__"]]
+    return obj
+
+
 def parse_config_json(raw: bytes, where: str) -> dict:
-    """config.json bytes -> dict, or an InputError naming where it came from."""
+    """config.json bytes -> dict (non-finite floats decoded as transformers does), or an
+    InputError naming where it came from."""
     check_config_size(len(raw), where)
     try:
-        parsed = json.loads(raw.decode("utf-8"))
+        parsed = json.loads(raw.decode("utf-8"), object_hook=_special_float)
     except (ValueError, UnicodeDecodeError) as exc:  # ValueError: bad JSON, or an over-long integer
         raise InputError(f"not valid JSON ({exc})", file=where, fix=CONFIG_FIX) from None
     except RecursionError:  # the parser recurses per nesting level

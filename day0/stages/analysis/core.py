@@ -14,9 +14,11 @@ from day0.checkpoint.configview import resolve
 from day0.execution.contract import StageInputs, StageResult
 from day0.checkpoint.header_sanity import header_problems
 from day0.stages.analysis.metaparams import meta_parameters
+from day0.stages.analysis.layouts import layer_split
 from day0.stages.analysis.model import (DTYPES, Attention, MoE, Params, Rope, attention_facts, cfg,
-                                        cfg_alias, count_params, kv_cache, layer_split, moe_facts,
-                                        rope_facts, weights_bytes)
+                                        cfg_alias, count_params, kv_cache, moe_facts, rope_facts,
+                                        weights_bytes)
+from day0.stages.analysis.state import StateCache, shared_layers, state_facts
 from day0.stages.analysis.plan import GIB, Plan, make_plan
 from day0.stages.analysis.reference import ReferenceEstimate, available_gib, estimate
 from day0.stages.analysis.risks import Risk, collect_risks
@@ -53,14 +55,27 @@ class Memory(BaseModel):
     note: str = Field(description="How the figures are computed.")
 
 
+class KVGroup(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    layers: int = Field(description="Layers of this kind.")
+    tokens_held: int = Field(description=(
+        "Tokens each layer holds at max_context: all of them, the sliding window, or the chunk."))
+    bytes_at_max_context: dict[str, int] = Field(description="These layers' KV at max_context, per dtype.")
+
+
 class KVCache(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     bytes_per_token: dict[str, int] = Field(description="KV cache bytes per token, per dtype.")
     bytes_at_max_context: dict[str, int] = Field(description="One sequence at max_context, per dtype.")
     max_context: int = Field(description="Tokens per sequence used above.")
-    layers: dict[str, int] = Field(description="Layers: full (grows), windowed (capped), stateful.")
+    layers: dict[str, int] = Field(description=(
+        "Layers: full (grows), windowed (capped by a window or chunk), stateful (a recurrent "
+        "state: see state), no_cache (MLP-only layers, when there are some)."))
     formula: str = Field(description="How bytes_per_token is computed.")
+    per_layer_type: dict[str, KVGroup] = Field(default_factory=dict, description=(
+        "Attention layers by what they hold at max context: full, sliding, chunked."))
 
 
 class CheckpointInfo(BaseModel):
@@ -90,6 +105,10 @@ class Result(StageResult):
     attention: Attention
     moe: MoE | None = Field(None, description="null for dense models.")
     rope: Rope | None = None
+    state: StateCache | None = Field(None, description=(
+        "Recurrent state of state-space / linear-attention layers (null: none)."))
+    unknown: list[str] = Field(default_factory=list, description=(
+        "Facts that could not be derived from the config: 'unknown: <field> (<why>)'."))
     max_context: int = Field(description="Context length used for KV and plan.")
     params: Params
     memory: Memory
@@ -132,39 +151,47 @@ def run(config: Config, inputs: StageInputs) -> Result:
     else:
         tensors, architecture = meta_parameters(view, trust_remote_code=inputs.trust_remote_code,
                                                 timeout_s=config.count_timeout_s)
-    attention = attention_facts(view)
+    unknown: list[str] = []  # facts the config does not give as numbers: reported, not guessed
+    attention = attention_facts(view, unknown)
     moe, _ = moe_facts(view, tensors)
     unused = ckpt.params("extra") if ckpt.has_weights else 0
     params = count_params(tensors, moe, "checkpoint" if ckpt.has_weights else "config", unused)
+    tied = cfg(view, "tie_word_embeddings")
+    params.tied_embeddings = tied if isinstance(tied, bool) else None
+    params.shared_layers = shared_layers(view)
     memory = Memory(weights_bytes=weights_bytes(tensors),
                     stored_bytes=(sum(ckpt.tensors[n].nbytes for n, _ in tensors)
                                   if ckpt.has_weights else None),
                     note=("params.total x bytes per dtype; float8 keeps embeddings, lm_head, router "
                           "gates and norms in 2 bytes and leaves out block scales"))
     max_context = int(config.max_context or cfg_alias(view, "max_context", default=4096))
-    kv = kv_cache(attention, layer_split(view, attention), max_context)
+    split = layer_split(view, attention, unknown)
+    kv = kv_cache(attention, split, max_context)
+    state = state_facts(view, split, unknown)
     layers = int(view.require("num_hidden_layers"))
     hidden = int(view.require("hidden_size"))
     target = inputs.target
     plan = make_plan(weights=memory.weights_bytes[config.weights_dtype],
                      kv=kv["bytes_at_max_context"][config.kv_dtype] * config.batch_size,
                      layers=layers, moe_layers=moe.moe_layers if moe else 0, hidden=hidden,
-                     heads=attention.num_heads, kv_heads=attention.num_kv_heads,
+                     heads=max(attention.num_heads, 1), kv_heads=max(attention.num_kv_heads, 1),
                      mla=attention.kind == "mla", num_experts=moe.num_experts if moe else None,
                      experts_per_token=moe.experts_per_token if moe else None,
                      card_memory_gib=target.card_memory_gib, cards=target.cards,
                      cards_per_domain=target.cards_per_domain,
                      headroom_fraction=config.headroom_fraction, weights_dtype=config.weights_dtype,
                      kv_dtype=config.kv_dtype, batch=config.batch_size, context=max_context)
-    rope = rope_facts(view)
+    rope = rope_facts(view, unknown)
     risks = collect_risks(view=view, notes=view.notes, attention=attention, moe=moe, rope=rope,
+                          state=state, unknown=unknown,
                           kv=kv, params=params, weights_bf16=memory.weights_bytes["bfloat16"],
                           plan=plan, ckpt=ckpt, param_names=[n for n, _ in tensors])
     intermediate = cfg(view, "intermediate_size")
     return Result(source=str(inputs.source), architecture=architecture,
                   model_type=view.model_type, config_model_type=view.raw.get("model_type"),
                   num_layers=layers, hidden_size=hidden, vocab_size=cfg(view, "vocab_size"),
-                  attention=attention, moe=moe, rope=rope, max_context=max_context,
+                  attention=attention, moe=moe, rope=rope, state=state, unknown=unknown,
+                  max_context=max_context,
                   params=params, memory=memory, kv_cache=KVCache(**kv), plan=plan, risks=risks,
                   checkpoint=CheckpointInfo(**ckpt.summary()),
                   reference=estimate(tensors, active_params=params.active, hidden=hidden,

@@ -8,14 +8,25 @@ FACT_KEYS = ("architecture", "model_type", "attention", "moe", "params", "num_la
              "hidden_size", "vocab_size", "max_context")
 
 
-def _fmt_count(n: int) -> str:
+def _g(value, spec: str = "g") -> str:
+    """A number formatted by spec, or 'unknown' for None (or anything not a number)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "unknown" if value is None else str(value)
+    return format(value, spec)
+
+
+def _fmt_count(n: int | None) -> str:
+    if n is None:
+        return "unknown"
     for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if n >= size:
             return f"{n / size:.2f}{unit}"
     return str(n)
 
 
-def _fmt_bytes(n: int) -> str:
+def _fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return "unknown"
     for unit, size in (("TiB", 1024 ** 4), ("GiB", GIB), ("MiB", 1024 ** 2), ("KiB", 1024)):
         if n >= size:
             return f"{n / size:.1f} {unit}"
@@ -26,9 +37,13 @@ def summary_text(result: Result) -> str:
     """A short human-readable summary (what `day0 analyze` prints without --json)."""
     r = result
     a, p, kv, plan = r.attention, r.params, r.kv_cache, r.plan
-    att = f"{a.kind.upper()} {a.num_heads} heads / {a.num_kv_heads} KV heads, head_dim {a.head_dim}"
+    att = (f"{a.kind.upper()} {a.num_heads} heads / {a.num_kv_heads} KV heads, head_dim {a.head_dim}"
+           if a.kind != "none" else "none (state-space layers only)")
     if a.kind == "mla":
-        att += f", kv_lora_rank {a.kv_lora_rank} + rope {a.qk_rope_head_dim}"
+        att += f", kv_lora_rank {_g(a.kv_lora_rank)} + rope {_g(a.qk_rope_head_dim)}"
+    if a.index_head_dim:
+        att += (f"; DSA indexer {_g(a.index_n_heads)} heads x {a.index_head_dim}, "
+                f"top-{_g(a.index_topk)}")
     lines = [f"{r.architecture} (model_type {r.model_type}"
              + (f", config says {r.config_model_type}" if r.config_model_type != r.model_type else "")
              + f"): {r.num_layers} layers, hidden {r.hidden_size}, vocab {r.vocab_size}",
@@ -40,16 +55,31 @@ def summary_text(result: Result) -> str:
     else:
         lines.append("MoE: none (dense)")
     if r.rope:
-        theta = "per layer type" if r.rope.theta is None else f"{r.rope.theta:g}"  # nested params
-        lines.append(f"RoPE: theta {theta}, {r.rope.type}"
-                     + (f" x{r.rope.factor:g} from {r.rope.original_max_positions}" if r.rope.factor else "")
-                     + f"; max context {r.max_context}")
+        lines.append(_rope_line(r.rope, r.max_context))
+    if a.layout or a.chunk_size:
+        lines.append("layers: " + (a.layout or ", ".join(f"{n} {k}" for k, n in a.layer_types.items()))
+                     + (f"; sliding window {a.sliding_window}" if a.sliding_window else "")
+                     + (f"; attention chunk {a.chunk_size}" if a.chunk_size else ""))
     lines.append(f"params: {_fmt_count(p.total)} total, {_fmt_count(p.active)} active"
                  f" (from {p.source}" + (f"; {_fmt_count(p.unused)} unused" if p.unused else "") + ")")
     w = r.memory.weights_bytes
-    lines.append("weights: " + ", ".join(f"{d} {_fmt_bytes(w[d])}" for d in DTYPES))
-    lines.append(f"KV cache: {kv.bytes_per_token['bfloat16']:,} B/token bf16, "
-                 f"{_fmt_bytes(kv.bytes_at_max_context['bfloat16'])} at {kv.max_context} tokens")
+    lines.append("weights: " + ", ".join(f"{d} {_fmt_bytes(w.get(d))}" for d in DTYPES))
+    lines.append(f"KV cache: {_g(kv.bytes_per_token.get('bfloat16'), ',')} B/token bf16, "
+                 f"{_fmt_bytes(kv.bytes_at_max_context.get('bfloat16'))} at {kv.max_context} tokens"
+                 + "".join(f"; {k} {g.layers} layers x {g.tokens_held} tokens"
+                           for k, g in kv.per_layer_type.items() if k != "full"))
+    if r.state:
+        st = r.state
+        lines.append(f"recurrent state: {st.stateful_layers} stateful / {st.attention_layers} "
+                     f"attention layers; per layer conv {_g(st.conv_elements_per_layer, ',')} + "
+                     f"state {_g(st.ssm_elements_per_layer, ',')} elements; "
+                     f"{_fmt_bytes((st.bytes_per_sequence or {}).get('bfloat16'))} per sequence bf16")
+    if p.tied_embeddings or p.shared_layers:
+        lines.append("shared: " + "; ".join(
+            x for x in ("lm_head tied to the input embedding (stored once)" if p.tied_embeddings
+                        else None, p.shared_layers) if x))
+    for note in r.unknown:
+        lines.append(f"  {note}")
     if r.reference:
         e = r.reference
         lines.append(f"alignment reference: resident {e.resident_gib:.3g} GiB"
@@ -77,6 +107,21 @@ def summary_text(result: Result) -> str:
         lines.append(f"the checkpoint is broken ({len(r.checkpoint_problems)}):")
         lines += [f"  {p}" for p in r.checkpoint_problems]
     return "\n".join(lines)
+
+
+def _rope_line(rope, max_context) -> str:
+    def one(sec) -> str:
+        return (f"theta {_g(sec.theta)}, {sec.type}"
+                + (f" x{_g(sec.factor)} from {_g(sec.original_max_positions)}" if sec.factor else "")
+                + ("".join(f", {k} {v}" for k, v in sec.variant.items())))
+    text = "RoPE: " + one(rope)
+    if len(rope.per_layer_type) > 1 or (rope.per_layer_type and "full_attention" not in rope.per_layer_type):
+        text += " (" + "; ".join(f"{k}: {one(sec)}" for k, sec in rope.per_layer_type.items()) + ")"
+    if rope.partial_rotary_factor is not None:
+        text += f", partial rotary {_g(rope.partial_rotary_factor)}"
+    if rope.no_rope_layers:
+        text += f", no RoPE in {len(rope.no_rope_layers)} layers"
+    return text + f"; max context {max_context}"
 
 
 def facts(result: dict) -> dict:

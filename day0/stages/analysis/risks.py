@@ -31,7 +31,8 @@ def _add(risks: list[Risk], rid: str, severity: str | None = None, **fields) -> 
 
 
 def collect_risks(*, view, notes: list[str], attention, moe, rope, kv: dict, params,
-                  weights_bf16: int, plan, ckpt, param_names: list[str]) -> list[Risk]:
+                  weights_bf16: int, plan, ckpt, param_names: list[str], state=None,
+                  unknown: list[str] = ()) -> list[Risk]:
     """Every risk that applies, in checklist order (view: day0.checkpoint.configview.ConfigView)."""
     raw = view.raw
     risks: list[Risk] = []
@@ -42,11 +43,15 @@ def collect_risks(*, view, notes: list[str], attention, moe, rope, kv: dict, par
     if raw.get("auto_map"):
         classes = sorted({str(v).split(".")[-1] for v in raw["auto_map"].values()})
         _add(risks, "remote_code", classes=", ".join(classes))
-    _attention_risks(risks, view, attention, kv)
+    for note in unknown:
+        _add(risks, "unknown_field", note=note)
+    _attention_risks(risks, view, attention, kv, state)
     _moe_risks(risks, view, moe, int(view.require("num_hidden_layers")))
-    _context_risks(risks, rope, kv, weights_bf16)
-    if cfg(view, "tie_word_embeddings"):
+    _context_risks(risks, rope, kv, weights_bf16, int(view.require("num_hidden_layers")))
+    if cfg(view, "tie_word_embeddings") is True:
         _add(risks, "tied_embeddings")
+    if params.shared_layers:
+        _add(risks, "shared_layers", what=params.shared_layers)
     qk = re.compile(data()["patterns"]["qk_norm"])
     if any(qk.search(n) for n in param_names):
         _add(risks, "qk_norm")
@@ -72,7 +77,7 @@ def collect_risks(*, view, notes: list[str], attention, moe, rope, kv: dict, par
     return risks
 
 
-def _attention_risks(risks, view, attention, kv) -> None:
+def _attention_risks(risks, view, attention, kv, state) -> None:
     layers = int(view.require("num_hidden_layers"))
     if attention.kind == "mla":
         _add(risks, "mla", kv_lora_rank=attention.kv_lora_rank, q_lora_rank=attention.q_lora_rank,
@@ -81,14 +86,20 @@ def _attention_risks(risks, view, attention, kv) -> None:
         expanded = mla_expanded_per_token(attention, layers)
         _add(risks, "mla_cache_expanded", expanded=f"{expanded:,}", latent=f"{latent:,}",
              ratio=expanded / latent if latent else 0.0)
-    split = kv["layers"]
-    if split["windowed"]:
-        _add(risks, "sliding_window", window=attention.sliding_window, sliding=split["windowed"],
-             layers=layers)
-    if split["stateful"]:
+    groups = kv.get("per_layer_type") or {}
+    if groups.get("sliding"):
+        _add(risks, "sliding_window", window=attention.sliding_window,
+             sliding=groups["sliding"]["layers"], layers=layers)
+    if groups.get("chunked"):
+        _add(risks, "chunked_attention", chunk=attention.chunk_size,
+             chunked=groups["chunked"]["layers"], layers=layers)
+    if kv["layers"]["stateful"]:
         kinds = sorted(k for k in attention.layer_types
                        if k not in ("full_attention", "sliding_attention", "chunked_attention"))
-        _add(risks, "linear_attention", count=split["stateful"], layers=layers, kinds=", ".join(kinds))
+        size = state.bytes_per_sequence if state else None
+        _add(risks, "linear_attention", count=kv["layers"]["stateful"], layers=layers,
+             kinds=", ".join(kinds) or "state-space", state=(f"{size['bfloat16']:,} B" if size
+                                                             else "unknown"))
 
 
 def _moe_risks(risks, view, moe, layers: int) -> None:
@@ -110,7 +121,14 @@ def _moe_risks(risks, view, moe, layers: int) -> None:
         _add(risks, "routed_scaling", factor=factor)
 
 
-def _context_risks(risks, rope, kv, weights_bf16: int) -> None:
+def _context_risks(risks, rope, kv, weights_bf16: int, layers: int = 0) -> None:
+    if rope is not None and len({(s.theta, s.type) for s in rope.per_layer_type.values()}) > 1:
+        _add(risks, "rope_per_layer_type", types="; ".join(
+            f"{k}: theta {s.theta}, {s.type}" for k, s in rope.per_layer_type.items()))
+    if rope is not None and rope.no_rope_layers:
+        shown = rope.no_rope_layers[:8]
+        _add(risks, "no_rope_layers", count=len(rope.no_rope_layers), layers=layers,
+             layer_list=", ".join(map(str, shown)) + (", ..." if len(rope.no_rope_layers) > 8 else ""))
     if rope is not None and rope.type not in ("default", None):
         if rope.type == "yarn":
             mscale = rope.parameters.get("mscale_all_dim", rope.parameters.get("mscale"))
