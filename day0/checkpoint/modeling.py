@@ -198,10 +198,22 @@ def check_source(source: str) -> None:
 
 
 def decoder_layers(model) -> list:
-    """The list of decoder blocks of a causal LM (model.model.layers for HF decoders)."""
+    """The list of decoder blocks of a causal LM: ``model.model.layers`` for most HF decoders,
+    else the module list that holds ``num_hidden_layers`` blocks, the shallowest first
+    (``backbone.layers`` of mamba, ``transformer.h`` of gpt2, ``model.language_model.layers``
+    of a multimodal class), so an architecture named nowhere in day0 is still walked layer
+    by layer. A per-layer list inside a block (MoE experts) is deeper, never taken."""
     base = getattr(model, "model", model)
     layers = getattr(base, "layers", None)
-    if layers is None:
-        raise InputError(f"{type(model).__name__} has no .model.layers",
-                         fix="day0 supports decoder-only models with a layers list")
-    return list(layers)
+    if layers is not None:
+        return list(layers)
+    import torch
+
+    wanted = getattr(getattr(model, "config", None), "num_hidden_layers", None)
+    lists = [(name.count("."), name, module) for name, module in model.named_modules()
+             if isinstance(module, torch.nn.ModuleList) and len(module) > 0]
+    fitting = [entry for entry in lists if len(entry[2]) == wanted] or lists
+    if not fitting:
+        raise InputError(f"{type(model).__name__} has no list of decoder blocks",
+                         fix="day0 supports decoder-only models whose blocks are a ModuleList")
+    return list(min(fitting, key=lambda entry: (entry[0], entry[1]))[2])

@@ -179,12 +179,27 @@ def replay_op(name: str, stats, example, *, device: str, dtype: str, tolerances:
         return OpRow(**row, status="skipped", reason=f"reference replay raised "
                                                      f"{type(exc).__name__}: {_line(exc)}")
     tgt_args, tgt_kwargs = tree_map(lambda v: _to_target(v, device, target_dtype), (args, kwargs))
+    widened = None
     try:
         with torch.no_grad():
             tgt_out = func(*tgt_args, **tgt_kwargs)
     except Exception as exc:
-        return OpRow(**row, status="error",
-                     reason=f"target raised {type(exc).__name__}: {_line(exc)}")
+        if not _no_kernel_for(exc, target_dtype):
+            return OpRow(**row, status="error",
+                         reason=f"target raised {type(exc).__name__}: {_line(exc)}")
+        # no kernel at the target dtype (triangular_solve in bfloat16): a model that runs it
+        # upcasts it (qwen3_next's gated delta rule), or its whole forward on the target
+        # raises, which the layer and logit checks report; replayed as the model runs it
+        widened = f"no {dtype} kernel: replayed in float32 as the model upcasts it"
+        # the target dtype's values, computed in float32: what an upcasting model computes
+        tgt_args, tgt_kwargs = tree_map(
+            lambda v: _to_target(_rounded(v, target_dtype), device, torch.float32), (args, kwargs))
+        try:
+            with torch.no_grad():
+                tgt_out = func(*tgt_args, **tgt_kwargs)
+        except Exception as again:
+            return OpRow(**row, status="error",
+                         reason=f"target raised {type(again).__name__}: {_line(again)}")
     ref_leaves, ref_spec = tree_flatten(ref_out)
     tgt_leaves, tgt_spec = tree_flatten(tgt_out)
     if ref_spec != tgt_spec:
@@ -209,8 +224,16 @@ def replay_op(name: str, stats, example, *, device: str, dtype: str, tolerances:
     status: Status = "failed" if mismatched else "ok"
     if mismatched and not problem:
         problem = f"{mismatched} of {elements} output elements outside tolerance"
+    problem = "; ".join(p for p in (widened, problem) if p) or None
     return OpRow(**row, status=status, elements=elements, mismatched=mismatched,
                  max_abs_error=max_abs, tolerance_ratio=ratio, reason=problem)
+
+
+def _no_kernel_for(exc: BaseException, dtype: torch.dtype) -> bool:
+    """Whether exc is torch's "<kernel> not implemented for '<dtype>'" for this dtype."""
+    name = {torch.bfloat16: "BFloat16", torch.float16: "Half"}.get(dtype)
+    return bool(name) and isinstance(exc, (NotImplementedError, RuntimeError)) \
+        and f"not implemented for '{name}'" in str(exc)
 
 
 def _line(exc: BaseException) -> str:

@@ -64,3 +64,22 @@ def test_architectures_fallback_prefers_the_matching_type():
     resolved = resolve_config(config)
     assert resolved.config.model_type == "deepseek_v3"
     assert "unknown to transformers" in resolved.notes[0]
+
+
+@pytest.mark.parametrize("model_type, where, dims", [
+    ("mamba2", "backbone.layers", dict(hidden_size=64, num_hidden_layers=3, num_heads=4,
+                                       head_dim=32, state_size=8, n_groups=1, expand=2)),
+    ("gpt2", "transformer.h", dict(n_embd=64, n_layer=3, n_head=4))])
+def test_decoder_layers_of_classes_without_model_layers(model_type, where, dims):
+    """The blocks of an architecture day0 names nowhere: the module list holding
+    num_hidden_layers blocks, the shallowest (never a block's own list, e.g. MoE experts)."""
+    import torch
+    import transformers
+
+    from day0.checkpoint.modeling import decoder_layers
+
+    config = transformers.AutoConfig.for_model(model_type, vocab_size=128, **dims)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    layers = decoder_layers(model)
+    assert len(layers) == 3 and layers[0] is model.get_submodule(where)[0]

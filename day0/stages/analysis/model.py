@@ -196,6 +196,10 @@ def moe_facts(view, tensors: list[tuple[str, tuple[int, ...]]]) -> tuple[MoE | N
     if shared is None:  # Qwen2-MoE style: one shared expert when it has a size
         shared = 1 if cfg(view, "shared_expert_intermediate_size") else 0
     routed = routed_expert_names(tensors, experts)
+    if not routed and not any("expert" in name.lower() for name, _ in tensors):
+        # the config names experts, yet no tensor is one (e.g. every layer of a shrunk
+        # DeepSeek dense by first_k_dense_replace): the model runs dense, no routing to judge
+        return None, set()
     layer_re = re.compile(data()["patterns"]["layer"])
     layers = {m.group(1) for n in routed if (m := layer_re.search(n))}
     sizes = dict(tensors)

@@ -54,11 +54,29 @@ def test_discrete_ops_are_exact_and_accept_ties():
         assert rows[name].status == "ok", (name, rows[name].reason)
 
 
-def test_target_that_cannot_run_an_op_is_an_error_not_a_skip():
+def test_target_that_cannot_run_an_op_is_an_error_not_a_skip(monkeypatch):
+    """An op the target cannot run is the target's error. Only torch's own "no kernel for this
+    dtype" (CPU cholesky in bfloat16) is replayed in float32, as a model that runs the op on
+    that target upcasts it (a model that does not fails its whole forward on the target)."""
+    from day0.torchkit import replay
+
     a = torch.eye(4) * 2
     row = _replay(lambda: torch.linalg.cholesky_ex(a))["aten.linalg_cholesky_ex.default"]
-    assert row.status == "error"
-    assert "BFloat16" in row.reason
+    assert row.status == "ok" and "no bfloat16 kernel: replayed in float32" in row.reason
+    real = replay.resolve_op
+
+    def failing_on_the_target(name):
+        func = real(name)
+
+        def call(*args, **kwargs):
+            if any(isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16 for x in args):
+                raise RuntimeError("kernel launch failed on the target")
+            return func(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(replay, "resolve_op", failing_on_the_target)
+    row = _replay(lambda: torch.linalg.cholesky_ex(a))["aten.linalg_cholesky_ex.default"]
+    assert row.status == "error" and "kernel launch failed on the target" in row.reason
 
 
 def test_unreplayable_ops_are_skipped_with_reason_and_factories_compared():
@@ -111,3 +129,17 @@ def test_bad_tolerance_file_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_tolerances(bad)
     assert str(bad) in str(err.value) and "layer" in str(err.value)
+
+
+def test_an_op_without_a_kernel_at_the_target_dtype_replays_as_the_model_upcasts_it():
+    """CPU has no bfloat16 triangular solve; qwen3_next's gated delta rule upcasts to float32
+    before it, so its bf16 port runs: the replay does the same and says so, never an error."""
+    a = torch.eye(8) + torch.randn(8, 8).tril(-1) * 0.1
+    b = torch.randn(8, 4)
+    rows = _replay(lambda: torch.linalg.solve_triangular(a, b, upper=False))
+    row = rows["aten.linalg_solve_triangular.default"]
+    assert row.status == "ok", row.reason
+    assert "no bfloat16 kernel: replayed in float32" in row.reason
+    # a kernel that fails for another reason is still the target's error
+    rows = _replay(lambda: torch.mm(a, b))
+    assert rows["aten.mm.default"].status == "ok" and rows["aten.mm.default"].reason is None

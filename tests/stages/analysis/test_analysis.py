@@ -411,3 +411,21 @@ def test_reference_estimate_resident_vs_streamed(llama8b, deepseek):
     big = estimate(tensors, active_params=10**6, hidden=1000, vocab=1000,
                    target_dtype="bfloat16", intermediate=None, available_gib=0.001)
     assert (small.mode, big.mode) == ("resident", "streamed")
+
+
+def test_experts_in_the_config_but_no_moe_layer_is_dense(tmp_path):
+    """A DeepSeek config whose first_k_dense_replace covers every layer builds no expert at all:
+    the model runs dense (no routing gates to judge), whatever num_experts says; with one MoE
+    layer it is MoE again."""
+    from transformers import DeepseekV3Config
+
+    small = dict(vocab_size=512, hidden_size=64, intermediate_size=128,
+                 moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2,
+                 n_shared_experts=1, n_group=1, topk_group=1, q_lora_rank=None,
+                 kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16)
+    dense = DeepseekV3Config(first_k_dense_replace=2, **small).to_dict()
+    assert analyze(_write(tmp_path, "dense", dense)).moe is None
+    moe = analyze(_write(tmp_path, "moe", DeepseekV3Config(first_k_dense_replace=1,
+                                                           **small).to_dict())).moe
+    assert moe.num_experts == 8 and moe.moe_layers == 1
