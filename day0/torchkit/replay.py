@@ -148,7 +148,7 @@ def _ties(r_idx, t_idx, x, dim) -> bool:
 
 
 def replay_op(name: str, stats, example, *, device: str, dtype: str, tolerances: Tolerances,
-              reference_inputs: str) -> OpRow:
+              reference_inputs: str, ran_at: set[str] | None = None) -> OpRow:
     packet = stats.packet.split(".", 1)[-1]
     kind = tolerances.op_kind(packet)
     row = dict(op=name, kind=kind, calls=stats.count, module=stats.module)
@@ -180,6 +180,11 @@ def replay_op(name: str, stats, example, *, device: str, dtype: str, tolerances:
                                                      f"{type(exc).__name__}: {_line(exc)}")
     tgt_args, tgt_kwargs = tree_map(lambda v: _to_target(v, device, target_dtype), (args, kwargs))
     widened = None
+    if ran_at and dtype not in ran_at and "float32" in ran_at:
+        # the model at the target dtype runs this op in float32 (it upcasts): so does the replay
+        widened = f"the model runs it in float32 at {dtype}: replayed so"
+        tgt_args, tgt_kwargs = tree_map(
+            lambda v: _to_target(_rounded(v, target_dtype), device, torch.float32), (args, kwargs))
     try:
         with torch.no_grad():
             tgt_out = func(*tgt_args, **tgt_kwargs)
@@ -242,16 +247,34 @@ def _line(exc: BaseException) -> str:
 
 
 def replay_recorded(recorder, *, device: str, dtype: str, tolerances: Tolerances,
-                    reference_inputs: str = "rounded") -> list[OpRow]:
-    """One row per op an OpRecorder (record_examples=True) saw, sorted by op name."""
+                    reference_inputs: str = "rounded",
+                    run_dtypes: dict[str, set[str]] | None = None) -> list[OpRow]:
+    """One row per op an OpRecorder (record_examples=True) saw, sorted by op name.
+    run_dtypes: the dtypes each op ran at in a forward of the model at the target dtype
+    (:func:`dtypes_at`); an op the model runs only in float32 there (an upcast: softmax
+    statistics, histc of expert counts) is replayed in float32, as the model runs it."""
     ops = sorted(recorder.ops.items())
     rows = []
     for i, (name, stats) in enumerate(ops):
         progress.update("ops", i, len(ops), detail=f"replaying {name}")
         rows.append(replay_op(name, stats, recorder.examples.get(name), device=device,
-                              dtype=dtype, tolerances=tolerances, reference_inputs=reference_inputs))
+                              dtype=dtype, tolerances=tolerances, reference_inputs=reference_inputs,
+                              ran_at=(run_dtypes or {}).get(name)))
     progress.update("ops", len(ops), len(ops), detail="replayed")
     return rows
+
+
+def dtypes_at(model, input_ids: torch.Tensor) -> dict[str, set[str]] | None:
+    """Op name -> the dtypes its tensors had in one forward of model (no examples kept); None
+    when the forward raises (a target's fault is the layer and logit checks' to report)."""
+    from day0.torchkit.opcapture import OpRecorder
+
+    try:
+        with torch.no_grad(), OpRecorder(record_examples=False, track_modules=False) as rec:
+            model(input_ids)
+    except Exception:  # noqa: BLE001 - then ops are replayed at the target dtype, as before
+        return None
+    return {name: set(stats.dtypes) for name, stats in rec.ops.items()}
 
 
 def record_ops(model, input_ids: torch.Tensor, *, max_example_bytes: int = 256 << 20):

@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from day0.store.identity import cache_dir, results_location
 from day0.store.s3 import head_object, is_s3, put_object, read_object
 
-FORMAT = 1  # bump when what a bank records, or how, changes
+FORMAT = 2  # 2: control parts keep op_dtypes. Bump when what a bank records, or how, changes
 META = "bank.json"
 OPS = "ops.pt"
 SHARD_BYTES = 1 << 30
@@ -63,6 +63,9 @@ class BankMeta(BaseModel):
     generations: list[list[int]] | None = Field(None, description="Greedy continuations.")
     ops: list[dict] | None = Field(None, description="Ops of the op-check forward (reference).")
     weight_problems: list[str] | None = Field(None, description="Weight scan findings.")
+    op_dtypes: dict[str, list[str]] | None = Field(None, description=(
+        "Control parts: the dtypes each op ran at in a forward of the model at this dtype "
+        "(how the model runs it: an upcast op in float32), which the op replay follows."))
     bytes: int = Field(0, description="Size of the part's files.")
     seconds: float = Field(0.0, description="Time it took to compute.")
     created_at: str = Field("", description="UTC time it was stored.")

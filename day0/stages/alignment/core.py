@@ -30,7 +30,7 @@ from day0.stages.alignment.result import Result
 from day0.stages.alignment.summary import summarize
 from day0.torchkit.evaltext import (Window, load_tokenizer, prefix_token, prompts, read_text,
                                    resolve_text_file, tokenize, windows)
-from day0.torchkit.replay import record_ops, replay_recorded
+from day0.torchkit.replay import dtypes_at, record_ops, replay_recorded
 from day0.torchkit.tolerances import load_tolerances
 
 
@@ -98,7 +98,8 @@ def run(config: Config, inputs: StageInputs, *, kept: KeptSides | None = None) -
             control_profile=control_profile,
             expert_group_bytes=int(config.expert_group_gib * 2**30))
         lap("load")
-        op_rows, recorded = _ops(config, plan, ref, text.op_ids, reference, target, tolerances)
+        op_rows, recorded, op_dtypes = _ops(config, plan, ref, text.op_ids, reference, target,
+                                            tolerances, at_target=(ctl, tgt))
         if op_rows is not None:
             lap("ops")
         n_buckets = min(config.position_buckets, text.span)
@@ -119,7 +120,7 @@ def run(config: Config, inputs: StageInputs, *, kept: KeptSides | None = None) -
         bank_bytes = sides.commit(
             plan, {"reference": (ref, reference), plan.control_part: (ctl, control_profile)},
             made, built="streamed" if streamed else "resident", wins=text.wins, ops=recorded,
-            weight_problems=scanned if config.check_weights else None)
+            op_dtypes=op_dtypes, weight_problems=scanned if config.check_weights else None)
     finally:
         sides.abort(plan)  # a run that did not finish stores nothing
     if plan.root:
@@ -200,11 +201,14 @@ def _scan_weights(config: Config, plan, source: str, lap) -> list[str]:
     return problems
 
 
-def _ops(config: Config, plan, ref, op_ids, reference, target, tolerances) -> tuple:
-    """(op rows or None, the op list for bank.json or None): replayed from the bank's recorded
-    inputs, or recorded from a short reference forward (its inputs then go to the bank)."""
+def _ops(config: Config, plan, ref, op_ids, reference, target, tolerances, at_target=()) -> tuple:
+    """(op rows or None, the op list for bank.json or None, the op dtypes at the target dtype or
+    None): replayed from the bank's recorded inputs, or recorded from a short reference forward
+    (its inputs then go to the bank). Each op is replayed at the dtype the model runs it at the
+    target dtype: what a forward of the control records (at_target: control and target sides;
+    the first with a live model), else what the control's bank part kept of it."""
     if op_ids is None:
-        return None, None
+        return None, None, None
     recorded = None
     if plan.reference is not None:  # a bank part without its op inputs is not opened
         recorder = RecordedOps(plan.reference.meta.ops, plan.reference.ops())
@@ -214,9 +218,19 @@ def _ops(config: Config, plan, ref, op_ids, reference, target, tolerances) -> tu
         if writer is not None and (encoded := encode_ops(recorder)) is not None:
             recorded, examples = encoded
             writer.put_ops(examples)  # to disk now, not held until the end
+    # a resident model only (a streamed side's forward loads every layer again)
+    live = next((side for side in at_target
+                 if isinstance(getattr(side, "model", None), torch.nn.Module)), None)
+    run_dtypes = None
+    kept = plan.control.meta.op_dtypes if plan.control is not None else None
+    if kept is not None:  # the control's bank part: as its live run recorded them
+        run_dtypes = {name: set(kinds) for name, kinds in kept.items()}
+    elif live is not None and target.dtype != "float32":
+        run_dtypes = dtypes_at(live.model, torch.tensor([op_ids], device=live.device))
     rows = replay_recorded(recorder, device=target.device, dtype=target.dtype,
-                           tolerances=tolerances, reference_inputs=config.reference_inputs)
-    return rows, recorded
+                           tolerances=tolerances, reference_inputs=config.reference_inputs,
+                           run_dtypes=run_dtypes)
+    return rows, recorded, run_dtypes
 
 
 

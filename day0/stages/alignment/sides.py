@@ -173,7 +173,7 @@ def load_sides(plan: BankPlan, *, streamed: bool, inputs, reference, control_pro
 
 
 def commit(plan: BankPlan, parts: dict, generations: dict, *, built: str, wins,
-           ops: list[dict] | None = None,
+           ops: list[dict] | None = None, op_dtypes: dict[str, set[str]] | None = None,
            weight_problems: list[str] | None = None, log=print) -> int:
     """Store the parts this run computed (parts: part -> (recorded side, profile)); returns the
     bank's size in bytes, all parts of this run."""
@@ -193,6 +193,8 @@ def commit(plan: BankPlan, parts: dict, generations: dict, *, built: str, wins,
         if part == "reference":
             meta["weight_problems"] = weight_problems
             meta["ops"] = ops
+        elif op_dtypes is not None:
+            meta["op_dtypes"] = {name: sorted(kinds) for name, kinds in op_dtypes.items()}
         try:
             done = writer.commit(meta)
         except (OSError, Day0Error) as exc:  # the verdict stands without the bank

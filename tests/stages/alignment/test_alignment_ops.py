@@ -143,3 +143,32 @@ def test_an_op_without_a_kernel_at_the_target_dtype_replays_as_the_model_upcasts
     # a kernel that fails for another reason is still the target's error
     rows = _replay(lambda: torch.mm(a, b))
     assert rows["aten.mm.default"].status == "ok" and rows["aten.mm.default"].reason is None
+
+
+def test_an_op_the_model_upcasts_is_replayed_as_the_model_runs_it():
+    """histc of expert ids, upcast to float32 as transformers' MoE code does on CPU: counts
+    above 256 are not exact in bfloat16, so a bf16 replay fails a correct port. The dtypes of
+    a forward at the target dtype say how the model runs it: in float32, and so the replay."""
+    from day0.torchkit.replay import dtypes_at
+
+    class Counts(torch.nn.Module):
+        def forward(self, ids):
+            x = torch.nn.functional.embedding(ids, torch.randn(16, 4, dtype=torch.bfloat16))
+            experts = x.float().argmax(-1).reshape(-1).repeat(300)  # 4,800 ids in [0, 4)
+            return torch.histc(experts.float(), bins=4, min=0, max=3)
+
+    ids = torch.arange(16)[None]
+    reference = Counts()
+    with torch.no_grad(), OpRecorder(record_examples=True, track_modules=False) as rec:
+        reference(ids)
+    run_dtypes = dtypes_at(Counts(), ids)
+    assert run_dtypes["aten.histc.default"] == {"float32"}
+    as_bf16 = replay_recorded(rec, device="cpu", dtype="bfloat16", tolerances=TOL)
+    as_run = replay_recorded(rec, device="cpu", dtype="bfloat16", tolerances=TOL,
+                             run_dtypes=run_dtypes)
+    [naive] = [r for r in as_bf16 if r.op == "aten.histc.default"]
+    [faithful] = [r for r in as_run if r.op == "aten.histc.default"]
+    assert naive.status == "failed"  # what a bf16 replay of a float32 op gets wrong
+    assert faithful.status == "ok" and "runs it in float32 at bfloat16" in faithful.reason
+    mm = [r for r in as_run if r.op == "aten.embedding.default"][0]
+    assert mm.status == "ok" and mm.reason is None  # bf16 ops still replayed in bf16
