@@ -14,6 +14,8 @@ import argparse
 import json
 import os
 import sys
+import time
+from pathlib import Path
 
 from day0.errors import Day0Error
 
@@ -127,6 +129,9 @@ def _add_validate_parser(sub) -> None:
     _add_stage_options(p)
     p.add_argument("--json", action="store_true", help="print report.json instead of the table")
     p.add_argument("--trust-remote-code", action="store_true", help="allow the model's own code (auto_map)")
+    p.add_argument("--bring-up", action="store_true",
+                   help="the weights are untrained placeholders (a port before its weights): "
+                        "'untrained' findings become notes; the verdict says bring-up")
     p.add_argument("--deployment", default=None, metavar="NAME",
                    help="run on a served deployment (e.g. validate/day0) via PREFECT_API_URL and wait")
 
@@ -224,7 +229,8 @@ def cmd_validate(args) -> int:
         args.source, target=args.target, target_file=args.target_file, gates=args.gates,
         out=args.out, config=args.config, use_cache=not args.no_cache,
         trust_remote_code=args.trust_remote_code, revision=args.revision,
-        deployment=args.deployment, stages=args.stages, options=_stage_option_values(args))
+        deployment=args.deployment, stages=args.stages, options=_stage_option_values(args),
+        bring_up=args.bring_up)
     if not args.deployment:
         local.warm_up(req)
     report_json = local.validate_on(args.deployment, req) if args.deployment else local.validate(req)
@@ -371,7 +377,29 @@ COMMANDS = {"analyze": cmd_analyze, "scan": cmd_scan, "validate": cmd_validate, 
             "reference": cmd_reference}
 
 
+def _keep_report_on_bug(args, exc: Exception, started: float) -> None:
+    """A day0 bug stopped `validate` before the flow could keep what finished: out still gets a
+    report.json (verdict ERROR, the bug named), never none or an earlier run's."""
+    out = getattr(args, "out", None) if args.command == "validate" else None
+    path = Path(out) / "report.json" if out else None
+    if path is None or (path.exists() and path.stat().st_mtime >= started):
+        return  # the flow wrote this run's
+    try:
+        from day0.atomic import write_atomic
+        from day0.execution.targets import REFERENCE, resolve_target
+        from day0.verdict import report as reporting
+
+        report = reporting.unconcluded(
+            source=str(args.source), target=resolve_target(args.target, args.target_file),
+            reference=REFERENCE, outcomes={}, error=exc)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, report.model_dump_json(indent=2))
+    except Exception:  # noqa: BLE001 - the bug is what the user is told; this is a courtesy
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
+    started = time.time()
     args = _parser().parse_args(argv)
     # the temporary local server would try to phone home; day0 runs where only registries answer
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -391,6 +419,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         from day0.errors import shorten
 
+        _keep_report_on_bug(args, exc, started)
         print(f"day0: internal error: {shorten(f'{type(exc).__name__}: {exc}', 300)} "
               "(rerun with DAY0_DEBUG=1 for the traceback and report it)", file=sys.stderr)
         return 4

@@ -34,6 +34,12 @@ class ValidateRequest(BaseModel):
         "source (day0.store.identity)."))
     revision: str | None = Field(None, description=(
         "The release's revision; default a digest of the weights (day0.store.identity)."))
+    bring_up: bool = Field(False, description=(
+        "The weights are placeholders (a port brought up before trained weights exist, as "
+        "vLLM's --load-format dummy): findings that only mean 'untrained' (perplexity near "
+        "uniform) are notes, not BROKEN; finite-weight and shape checks and the alignment "
+        "gates still apply. The report and the run's state say 'bring-up: weights "
+        "untrained': never a release verdict."))
     options: dict[str, str | bool] | None = Field(None, description=(
         "Options the stages add, by name (`day0 stages` lists them), e.g. {duration: 10h, "
         "promote_baseline: true}: each sets its stage's setting (day0.execution.contract.Option)."))

@@ -51,7 +51,8 @@ def build(source: str, *, target: str | None = None, target_file: str | None = N
           gates: str | None = None, out: str | None = None, config: str | None = None,
           use_cache: bool = True, trust_remote_code: bool = False,
           revision: str | None = None, deployment: str | None = None,
-          stages: list[str] | None = None, options: dict | None = None) -> ValidateRequest:
+          stages: list[str] | None = None, options: dict | None = None,
+          bring_up: bool = False) -> ValidateRequest:
     """A checked request from command-line values; raises InputError/ConfigError (exit 2)
     before any run starts. deployment: the request goes to that deployment's workers.
     options: the stages' options by name (day0.execution.contract.Option); None and False are unset."""
@@ -77,7 +78,7 @@ def build(source: str, *, target: str | None = None, target_file: str | None = N
         gates=gates, out=str(Path(out).resolve()) if out else None,
         stage_configs=configs or None, use_cache=use_cache,
         trust_remote_code=trust_remote_code, revision=revision, stages=stages or None,
-        options=options or None)
+        options=options or None, bring_up=bring_up)
 
 
 def stage_inputs(source: str, *, target: str | None = None, target_file: str | None = None,

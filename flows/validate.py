@@ -21,6 +21,7 @@ from prefect.runtime import flow_run
 from prefect.states import Completed, Failed, State
 from prefect.utilities.annotations import quote
 
+from day0.atomic import write_atomic
 from day0.verdict import gates as gating
 from day0.store import identity
 from day0.rendering import labels
@@ -48,19 +49,29 @@ def _run_name() -> str:
     return f"{params.get('model') or Path(source.rstrip('/')).name} on {target}"
 
 
-def _outcome(future) -> StageOutcome:
-    """A stage's outcome; a stage task that could not finish ends Failed with it as data."""
+def _outcome(name: str, future) -> StageOutcome:
+    """A stage's outcome; a stage task that could not finish ends Failed with it as data. A
+    task that itself broke (a day0 bug around the stage) is that stage's ERROR, named as such:
+    the other stages and the report stand."""
     outcome = future.result(raise_on_failure=False)
-    if isinstance(outcome, BaseException):  # the task itself broke: a day0 bug
+    if isinstance(outcome, Exception):
+        why = (f"day0 internal error around the stage: {type(outcome).__name__}: {outcome} "
+               "(a day0 bug: report it)")
+        return StageOutcome(stage=name, ok=False, failure="error", error=why[:2000],
+                            exit_code=4, log_tail=why.splitlines()[-15:])
+    if isinstance(outcome, BaseException):  # a signal, an interpreter exit: not a finding
         raise outcome
     return outcome
 
 
 def _run_waves(waves: list[list[str]], inputs: StageInputs, configs: dict, use_cache: bool,
-               weights: str, engine_error: str | None, logger):
+               weights: str, engine_error: str | None, logger, outcomes: dict,
+               notes: list[str]):
     """Each wave's stages in parallel, a wave after the previous one; a stage whose needs failed
-    is skipped with the reason. (outcomes, skipped, facts, the SIGTERM that interrupted it)."""
-    outcomes, skipped, facts = {}, {}, {}
+    is skipped with the reason. Fills outcomes as stages finish (kept should a day0 bug stop the
+    run) and notes (a facts hook that raised). (skipped, facts, the SIGTERM that interrupted
+    it)."""
+    skipped, facts = {}, {}
     interrupted: TerminationSignal | None = None
     for wave in waves:
         if interrupted:
@@ -80,8 +91,8 @@ def _run_waves(waves: list[list[str]], inputs: StageInputs, configs: dict, use_c
                     name, registry.get(name).locator, configs.get(name, {}), stage_inputs,
                     dict(facts), use_cache, weights, required)
             for name, future in futures.items():
-                outcomes[name] = _outcome(future)
-                facts.update(pipeline.facts_of(name, outcomes[name]))
+                outcomes[name] = _outcome(name, future)
+                facts.update(pipeline.facts_of(name, outcomes[name], notes))
         except TerminationSignal as exc:
             # SIGTERM (a worker cancelling, `kill`): the running stages get it too (a soak
             # stops its load and reports what it measured), the report is still written,
@@ -92,11 +103,11 @@ def _run_waves(waves: list[list[str]], inputs: StageInputs, configs: dict, use_c
             interrupt_running(exc.signal)
             for name, future in futures.items():
                 if name not in outcomes:
-                    outcomes[name] = _outcome(future)
+                    outcomes[name] = _outcome(name, future)
             for name in wave:
                 if name not in outcomes:
                     skipped.setdefault(name, "not run: the run was interrupted (SIGTERM)")
-    return outcomes, skipped, facts, interrupted
+    return skipped, facts, interrupted
 
 
 # persisted so `day0 validate --deployment` can read the report of a served run: as JSON under
@@ -107,7 +118,8 @@ def validate(source: str, target: str | None = "cpu-bf16", target_file: str | No
              gates: str | None = None, out: str | None = None,
              stage_configs: dict[str, dict] | None = None, stages: list[str] | None = None,
              use_cache: bool = True, trust_remote_code: bool = False, model: str | None = None,
-             revision: str | None = None, options: dict[str, str | bool] | None = None) -> State:
+             revision: str | None = None, bring_up: bool = False,
+             options: dict[str, str | bool] | None = None) -> State:
     """Validate the checkpoint at `source` on `target`; ends in the verdict's state with
     report.json (a dict) as its result.
 
@@ -132,35 +144,80 @@ def validate(source: str, target: str | None = "cpu-bf16", target_file: str | No
     release = identity.resolve(source, model=model, revision=revision, weights=weights,
                                strict=False)
     inputs = StageInputs(source=source, target=target_profile, reference=REFERENCE,
-                         trust_remote_code=trust_remote_code, revision=release.revision)
+                         trust_remote_code=trust_remote_code, revision=release.revision,
+                         bring_up=bring_up)
     where = (release.model, release.revision, target_profile.name)
-    label_run(flow_run.id, logger, name=labels.run_name(*where), tags=labels.run_tags(*where))
+    label_run(flow_run.id, logger, name=labels.run_name(*where),
+              tags=labels.run_tags(*where, bring_up=bring_up))
 
-    with engine_session(target_profile, source, pipeline.needs_endpoint(waves), logger) as engine:
-        inputs = inputs.model_copy(update={"endpoint": engine.endpoint})
-        outcomes, skipped, facts, interrupted = _run_waves(waves, inputs, configs, use_cache,
-                                                           weights, engine.error, logger)
-
-    concluded = pipeline.conclude(gate_file, target_profile, outcomes, skipped, facts)
-    run_id = identity.new_run_id(str(flow_run.id) if flow_run.id else None)
-    report = reporting.build(
-        source=source, target=target_profile, reference=REFERENCE, outcomes=outcomes,
-        gate_results=concluded.gate_results, verdict=concluded.verdict, facts=facts,
-        checkpoint_problems=concluded.checkpoint_problems, engine=engine.endpoint,
-        identity={"model": release.model, "revision": release.revision,
-                  "weights_digest": release.weights_digest, "run_id": run_id})
-    plots = publishing.plots(report, logger)
-    report_json = report.model_dump(mode="json")
-    # quoted: Prefect would walk the report, outcomes and plots twice looking for futures
-    # (0.8 s of a validation's flow process); they hold none
-    report_json["results_uri"] = publish_report_task(quote(report_json), out, quote(outcomes),
-                                                     quote(plots))
-    report = reporting.Report.model_validate(report_json)
-    publish_artifacts(report, plots, flow_run.id, logger)
-    label_run(flow_run.id, logger, tags=labels.run_tags(*where, concluded.verdict))
-    end = labels.final_state(report)
+    outcomes: dict[str, StageOutcome] = {}  # as stages finish: kept if a day0 bug strikes
+    notes: list[str] = []
+    facts: dict = {}
+    try:
+        with engine_session(target_profile, source, pipeline.needs_endpoint(waves),
+                            logger) as engine:
+            inputs = inputs.model_copy(update={"endpoint": engine.endpoint})
+            skipped, facts, interrupted = _run_waves(waves, inputs, configs, use_cache, weights,
+                                                     engine.error, logger, outcomes, notes)
+        concluded = pipeline.conclude(gate_file, target_profile, outcomes, skipped, facts)
+        report = reporting.build(
+            source=source, target=target_profile, reference=REFERENCE, outcomes=outcomes,
+            gate_results=concluded.gate_results, verdict=concluded.verdict, facts=facts,
+            checkpoint_problems=concluded.checkpoint_problems, engine=engine.endpoint,
+            identity=_identity(release), notes=notes, bring_up=bring_up)
+    except Exception as exc:  # a day0 bug, no verdict: out keeps what finished (then exit 4)
+        _keep_what_finished(exc, out, source, target_profile, outcomes, release, facts, logger)
+        raise
+    report_json = _publish(report, out, outcomes, logger)
+    label_run(flow_run.id, logger, tags=labels.run_tags(*where, report.verdict, bring_up))
+    end = labels.final_state(reporting.Report.model_validate(report_json))
     logger.info("verdict %s for %s on %s", end.message, source, target_profile.label)
     if interrupted:
         raise interrupted
     return (Completed if end.completed else Failed)(name=end.name, message=end.message,
                                                     data=report_json)
+
+
+def _identity(release) -> dict:
+    run_id = identity.new_run_id(str(flow_run.id) if flow_run.id else None)
+    return {"model": release.model, "revision": release.revision,
+            "weights_digest": release.weights_digest, "run_id": run_id}
+
+
+def _publish(report: reporting.Report, out: str | None, outcomes: dict, logger) -> dict:
+    """report.json (first), report.md, plots and files in out and the results store, then the
+    Prefect artifacts; report.json as a dict, its notes those of any hook that raised."""
+    plots = publishing.plots(report, logger)
+    report_json = report.model_dump(mode="json")
+    try:
+        # quoted: Prefect would walk the report, outcomes and plots twice looking for futures
+        # (0.8 s of a validation's flow process); they hold none
+        published = publish_report_task(quote(report_json), out, quote(outcomes), quote(plots))
+    except Exception as exc:  # a day0 bug while publishing: the verdict stands, named
+        line = f"the report could not be published: {type(exc).__name__}: {exc} (a day0 bug)"
+        logger.error("%s", line)
+        published = {"results_uri": None, "notes": [*report.notes, line]}
+        if out:  # at least the evidence
+            report.notes = published["notes"]
+            Path(out).mkdir(parents=True, exist_ok=True)
+            write_atomic(Path(out) / "report.json", report.model_dump_json(indent=2))
+    report_json.update(results_uri=published["results_uri"], notes=published["notes"])
+    publish_artifacts(reporting.Report.model_validate(report_json), plots, flow_run.id, logger)
+    return report_json
+
+
+def _keep_what_finished(exc: BaseException, out: str | None, source: str, target, outcomes: dict,
+                        release, facts: dict, logger) -> None:
+    """report.json in out with every stage that finished, when a day0 bug left no verdict."""
+    logger.error("day0 internal error, no verdict: %s: %s; report.json keeps the %d stage(s) "
+                 "that finished", type(exc).__name__, exc, len(outcomes))
+    if not out:
+        return
+    try:
+        report = reporting.unconcluded(source=source, target=target, reference=REFERENCE,
+                                       outcomes=outcomes, error=exc, facts=facts,
+                                       identity=_identity(release))
+        Path(out).mkdir(parents=True, exist_ok=True)
+        write_atomic(Path(out) / "report.json", report.model_dump_json(indent=2))
+    except Exception as again:  # noqa: BLE001 - the first error is the one to raise
+        logger.error("could not write report.json either: %s: %s", type(again).__name__, again)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Failed
@@ -56,17 +58,24 @@ def run_stage_task(stage: str, locator: str, config: dict, inputs: StageInputs,
 @task(name="publish-report", cache_policy=NO_CACHE, persist_result=False)
 def publish_report_task(report_json: dict, out: str | None,
                         outcomes: dict[str, StageOutcome] | None = None,
-                        plots: dict[str, bytes] | None = None) -> str | None:
+                        plots: dict[str, bytes] | None = None) -> dict:
     """Report files (report.json, report.md, plots/<name>.png) in out, and on the object store
-    (s3:// source or DAY0_RESULTS_URI); returns the results URI or None. The Prefect artifacts
-    are the flow's (tasks/artifacts.py: attached to the flow run)."""
+    (s3:// source or DAY0_RESULTS_URI). out's report.json is written first, before anything
+    is rendered or sent. Returns {"results_uri": URI or None, "notes": the report's notes,
+    with those of any hook that raised while rendering}. The Prefect artifacts are the flow's
+    (tasks/artifacts.py: attached to the flow run)."""
+    from day0.atomic import write_atomic
     from day0.verdict import report as reporting
     from day0.rendering import publish as publishing
 
+    logger = get_run_logger()
     report = reporting.Report.model_validate(report_json)
-    results_uri = publishing.publish_to_store(report, outcomes, get_run_logger(), plots)
+    if out:  # the evidence first: whatever fails below, out holds report.json
+        Path(out).mkdir(parents=True, exist_ok=True)
+        write_atomic(Path(out) / "report.json", report.model_dump_json(indent=2))
+    results_uri = publishing.publish_to_store(report, outcomes, logger, plots)
     if out:
-        json_path, md_path = publishing.write(report, out, plots,
-                                             publishing.stage_files(outcomes, get_run_logger()))
-        get_run_logger().info("report written to %s and %s", json_path, md_path)
-    return results_uri
+        json_path, md_path = publishing.write(
+            report, out, plots, publishing.stage_files(outcomes, logger, report.notes))
+        logger.info("report written to %s and %s", json_path, md_path)
+    return {"results_uri": results_uri, "notes": list(report.notes)}

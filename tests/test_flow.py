@@ -253,3 +253,44 @@ def test_target_missing_a_kernel_fails_not_errors(prefect_server, tmp_path):
     assert "op-coverage" in failing(report) and "aten.mm" in " ".join(report["evidence"]["scan"]["uncovered"])
     assert report["stages"]["alignment"]["failure"] == "target"
     assert any("NotImplementedError" in e for e in report["errors"])
+
+
+def test_bring_up_judges_the_port_of_untrained_weights_and_says_so(prefect_server, tmp_path):
+    """Random weights (a port brought up before trained weights exist): BROKEN as a release
+    (perplexity near uniform); with bring_up the same weights get the alignment gates' verdict,
+    the untrained finding as a note, and 'bring-up' in the report, state and tags."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    ckpt = tmp_path / "random-llama"
+    LlamaForCausalLM(LlamaConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=128, vocab_size=512, max_position_embeddings=256,
+        bos_token_id=0, eos_token_id=1, pad_token_id=2)).save_pretrained(ckpt)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (ckpt / name).write_bytes((MODELS / "tiny-llama" / name).read_bytes())
+    shipped = yaml.safe_load((MODELS.parents[2] / "gates.yaml").read_text())
+    gates = tmp_path / "alignment-gates.yaml"
+    gates.write_text(yaml.safe_dump({"version": 1, "gates": [
+        g for g in shipped["gates"] if g["metric"].startswith("alignment.")]}))
+    tfile = target_file(tmp_path)
+
+    release, _ = run_flow(ckpt, tfile, stages=ALIGNMENT, gates=str(gates))
+    assert release["verdict"] == "BROKEN" and not release["bring_up"]
+    assert any("uniform guess" in p for p in release["checkpoint_problems"])
+
+    out = tmp_path / "out"
+    report, run_id = run_flow(ckpt, tfile, stages=ALIGNMENT, gates=str(gates), bring_up=True,
+                              out=str(out))
+    assert report["verdict"] == "PASS", failing(report)
+    assert report["bring_up"] and report["checkpoint_problems"] == []
+    assert any(n.startswith("bring-up, weights untrained") and "uniform guess" in n
+               for n in report["evidence"]["alignment"]["notes"])
+    assert (out / "report.md").read_text().startswith(
+        "# day0 validation: PASS (bring-up, weights untrained)")
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(run_id)
+    assert labels.BRING_UP_TAG in run.tags and "bring-up" in run.state.message

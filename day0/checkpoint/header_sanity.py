@@ -39,6 +39,9 @@ class WeightLimits(BaseModel):
     extreme_percentile: float = Field(gt=0, lt=1, description="The percentile of |w| compared with.")
     percentile_min_above: int = Field(ge=1, description=(
         "Largest |w| always left above the percentile (small tensors)."))
+    additive: list[str] = Field(description=(
+        "Regular expressions on a tensor name's last part for tensors added, not multiplied "
+        "(biases at any rank): never all-zero or constant findings."))
     max_named: int = Field(ge=1, description="Tensors named per message before 'and N more'.")
 
 

@@ -20,6 +20,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import tempfile
 from collections import defaultdict
 from dataclasses import dataclass
@@ -172,7 +173,7 @@ def check_weights(source: str) -> list[str]:
         progress.update("weights", checked, total,
                         detail=f"tensors checked, file {f + 1}/{len(by_file)}")
         # zero biases are normal; a shard whose matmul weights and everything else are zero is not
-        if (any(len(i.shape) >= 2 for i in infos)
+        if (any(len(i.shape) >= 2 and not additive(i.name) for i in infos)
                 and all(s.numel and not s.nonzero and not s.nonfinite for s in found.values())):
             zeroed_files.append((file, len(found)))
             continue  # one finding for the shard, not one per tensor
@@ -182,8 +183,9 @@ def check_weights(source: str) -> list[str]:
                 continue
             if s.nonfinite:
                 nonfinite.append((info.name, s.nonfinite))
-            # matmul weights and embeddings must vary; 1-D norms (ones) and biases (zeros) may not
-            if len(info.shape) >= 2 and s.numel > 1 and not s.nonfinite:
+            # matmul weights and embeddings must vary; norms (ones) and biases (zeros, whatever
+            # their rank: a MoE's per-expert biases are 2-D) may not
+            if len(info.shape) >= 2 and s.numel > 1 and not s.nonfinite and not additive(info.name):
                 if not s.nonzero:
                     zero.append(info.name)
                 elif s.lo == s.hi:
@@ -191,6 +193,12 @@ def check_weights(source: str) -> list[str]:
             if s.max_abs > lim.extreme_floor and s.max_abs > lim.extreme_ratio * s.percentile_abs:
                 extreme.append((info.name, s.max_abs, s.percentile_abs))
     return _weight_messages(ckpt, nonfinite, zero, constant, extreme, zeroed_files)
+
+
+def additive(name: str) -> bool:
+    """Whether the tensor is added, not multiplied (a bias at any rank: data/sanity.yaml)."""
+    leaf = name.rpartition(".")[2]
+    return any(re.search(pattern, leaf) for pattern in limits().weights.additive)
 
 
 def _weight_messages(ckpt, nonfinite, zero, constant, extreme, zeroed_files) -> list[str]:
@@ -227,19 +235,30 @@ def _weight_messages(ckpt, nonfinite, zero, constant, extreme, zeroed_files) -> 
 
 # --------------------------------------------------------------------------- perplexity
 
-def perplexity_problems(perplexity: float, vocab_size: int, stored: float | None) -> list[str]:
+def untrained_findings(perplexity: float, vocab_size: int) -> list[str]:
+    """What only says the weights are untrained: a finite reference perplexity near a uniform
+    guess. BROKEN for a release; a note in bring-up (placeholder weights)."""
+    lim = limits().perplexity
+    if not (vocab_size and math.isfinite(perplexity)
+            and perplexity / vocab_size > lim.max_uniform_ratio):
+        return []
+    return [f"the reference (cpu/float32) perplexity {perplexity:.4g} is "
+            f"{perplexity / vocab_size:.2f} x the vocabulary size {vocab_size} (a uniform "
+            f"guess scores 1.00 x): the weights do not model the text (fix: {REEXPORT})"]
+
+
+def perplexity_problems(perplexity: float, vocab_size: int, stored: float | None, *,
+                        untrained: bool = False) -> list[str]:
     """Broken-checkpoint findings from the reference (cpu/float32) perplexity: non-finite, near a
     uniform guess (uniform gives perplexity == vocab_size), or far above ``stored``, the score of
-    the same model, revision and evaluation from an earlier run (None: no earlier run)."""
+    the same model, revision and evaluation from an earlier run (None: no earlier run).
+    untrained: the weights are placeholders (bring-up), so near-uniform is what they should
+    give (:func:`untrained_findings`), not a problem; non-finite still is."""
     lim = limits().perplexity
     if not math.isfinite(perplexity):
         return [f"the reference (cpu/float32) perplexity is {perplexity}: the weights do not "
                 f"compute a distribution (fix: {REEXPORT})"]
-    out = []
-    if vocab_size and perplexity / vocab_size > lim.max_uniform_ratio:
-        out.append(f"the reference (cpu/float32) perplexity {perplexity:.4g} is "
-                   f"{perplexity / vocab_size:.2f} x the vocabulary size {vocab_size} (a uniform "
-                   f"guess scores 1.00 x): the weights do not model the text (fix: {REEXPORT})")
+    out = [] if untrained else untrained_findings(perplexity, vocab_size)
     if stored and perplexity / stored > lim.max_stored_ratio:
         out.append(f"the reference (cpu/float32) perplexity {perplexity:.4g} is "
                    f"{perplexity / stored:.3f} x the score {stored:.4g} stored for this model and "

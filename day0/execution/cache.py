@@ -78,6 +78,8 @@ def stage_key(spec: StageSpec, weights: str | None = None,
         "revision": inputs.revision,
         "code": code_version(),
     }
+    if inputs.bring_up:  # placeholder weights: 'untrained' findings are notes, not problems
+        material["bring_up"] = True
     if inputs.target.runner == "docker":  # the image is the target's software stack
         from day0.execution.runners.docker import image_id
 

@@ -48,6 +48,9 @@ class StageInputs(BaseModel):
     revision: str | None = Field(None, description=(
         "The release's revision when one is named (keys stored reference scores of this "
         "model/revision); None for an anonymous run."))
+    bring_up: bool = Field(False, description=(
+        "The weights are untrained placeholders (day0.request.ValidateRequest.bring_up): a "
+        "finding that only means 'untrained' is a note, not a checkpoint problem."))
     endpoint: Endpoint | None = Field(None, description=(
         "Engine targets: where the engine under test answers (attached, or launched by the "
         "flow for the run's engine stages); None for torch targets."))

@@ -30,15 +30,19 @@ def run_name(model: str, revision: str, target: str) -> str:
     return f"{model}@{revision} on {target}"
 
 
-def run_tags(model: str, revision: str, target: str, verdict: str | None = None) -> list[str]:
+BRING_UP_TAG = "bring-up"  # weights declared untrained: the run is no release verdict
+
+
+def run_tags(model: str, revision: str, target: str, verdict: str | None = None,
+             bring_up: bool = False) -> list[str]:
     tags = [MODEL_TAG + model, REVISION_TAG + revision, TARGET_TAG + target]
-    return tags + ([VERDICT_TAG + verdict] if verdict else [])
+    return tags + ([VERDICT_TAG + verdict] if verdict else []) + [BRING_UP_TAG] * bring_up
 
 
 def merge_tags(existing: list[str], ours: list[str]) -> list[str]:
     """Existing tags with ours replacing any of the same prefix (update_flow_run replaces all)."""
     prefixes = tuple(t.split(":", 1)[0] + ":" for t in ours if ":" in t)
-    return [t for t in existing if not t.startswith(prefixes)] + ours
+    return [t for t in existing if not t.startswith(prefixes) and t not in ours] + ours
 
 
 def slug(text: str) -> str:
@@ -77,5 +81,5 @@ def stage_state(failure: str | None, error: str | None, stage: str) -> FinalStat
     return FinalState(False, name, shorten(f"stage {stage}: {error or failure or 'failed'}", 400))
 
 
-__all__ = ["run_name", "run_tags", "merge_tags", "slug", "artifact_key", "FinalState",
+__all__ = ["BRING_UP_TAG", "run_name", "run_tags", "merge_tags", "slug", "artifact_key", "FinalState",
            "final_state", "stage_state", "TAG_PREFIXES", "VERDICTS"]

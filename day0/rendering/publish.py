@@ -9,38 +9,31 @@ from pathlib import Path
 from day0.atomic import write_atomic
 from day0.errors import Day0Error
 from day0.execution.stage import StageOutcome
-from day0.verdict.report import Report, _stage
+from day0.verdict import hooks
+from day0.verdict.report import Report
 from day0.rendering.report import to_markdown
 
 
 def plots(report: Report, log=None) -> dict[str, bytes]:
     """PNG per plot of every stage (its `plots` hook, given its evidence), named
-    ``<stage>-<name>``. A plot that cannot be drawn is logged and left out, never a failure."""
+    ``<stage>-<name>``. A plot that cannot be drawn is a note in the report, left out, never a
+    failure."""
     out: dict[str, bytes] = {}
     for name, result in report.evidence.items():
-        try:
-            made = stage.plots(result) if (stage := _stage(name)) else {}
-        except Exception as exc:  # a figure is evidence shown, never the verdict
-            if log:
-                log.warning("stage %s: plots not drawn: %s: %s", name, type(exc).__name__, exc)
-            continue
+        made = hooks.call(name, "plots", result, default={}, notes=report.notes, log=log)
         out.update({f"{name}-{plot}": png for plot, png in made.items()})
     return out
 
 
-def stage_files(outcomes: dict[str, StageOutcome] | None, log=None) -> dict[str, bytes]:
+def stage_files(outcomes: dict[str, StageOutcome] | None, log=None,
+                notes: list[str] | None = None) -> dict[str, bytes]:
     """Files of the stages' `files` hooks (e.g. evaluation/<task>.jsonl), from their whole
-    results; a hook that raises is logged and its files left out."""
+    results; a hook that raises is a note (notes) and its files left out."""
     out: dict[str, bytes] = {}
     for name, outcome in (outcomes or {}).items():
-        if not outcome.ok or not outcome.result:
-            continue
-        try:
-            if stage := _stage(name):
-                out.update(stage.files(outcome.result))
-        except Exception as exc:  # evidence kept aside, never the verdict
-            if log:
-                log.warning("stage %s: files not written: %s: %s", name, type(exc).__name__, exc)
+        if outcome.ok and outcome.result:
+            out.update(hooks.call(name, "files", outcome.result, default={}, notes=notes,
+                                  log=log))
     return out
 
 
@@ -54,14 +47,19 @@ def _plot_links(plots_: dict[str, bytes] | None) -> dict[str, str]:
 
 def write(report: Report, out: str | Path, plots: dict[str, bytes] | None = None,
           files: dict[str, bytes] | None = None) -> tuple[Path, Path]:
-    """report.json, report.md, plots/<name>.png and the stages' files under out."""
+    """report.json first (the evidence, before anything is rendered), then report.md,
+    plots/<name>.png and the stages' files under out; report.json again when rendering added
+    notes (a hook that raised)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out / "report.json", out / "report.md"
+    write_atomic(json_path, report.model_dump_json(indent=2))
+    notes = len(report.notes)
+    write_atomic(md_path, to_markdown(report, images=_plot_links(plots)))
     for name, data in {**_plot_files(plots), **(files or {})}.items():
         write_atomic(out / name, data)  # creates the folder
-    write_atomic(json_path, report.model_dump_json(indent=2))
-    write_atomic(md_path, to_markdown(report, images=_plot_links(plots)))
+    if len(report.notes) != notes:
+        write_atomic(json_path, report.model_dump_json(indent=2))
     return json_path, md_path
 
 
@@ -83,12 +81,13 @@ def publish_to_store(report: Report, outcomes: dict[str, StageOutcome] | None = 
         if folder is None:
             return None
         report.results_uri = identity.run_location(folder, run_id)
+        kept = stage_files(outcomes, log, report.notes)  # hooks first: they may add notes
+        markdown = to_markdown(report, images=_plot_links(plots)).encode()
         files = {"report.json": report.model_dump_json(indent=2).encode(),
-                 "report.md": to_markdown(report, images=_plot_links(plots)).encode(),
-                 **_plot_files(plots)}
+                 "report.md": markdown, **_plot_files(plots)}
         for name, outcome in (outcomes or {}).items():
             files[f"stages/{name}.json"] = outcome.model_dump_json(indent=1).encode()
-        files.update(stage_files(outcomes, log))
+        files.update(kept)
         where = identity.publish_run(files, source=report.source, target_name=report.target.name,
                                      model=ident.get("model"), revision=ident.get("revision"),
                                      run_id=run_id, weights=ident.get("weights_digest"))

@@ -11,7 +11,8 @@ from pathlib import Path
 from day0.execution.budget import StageBudget
 from day0.verdict.gates import GateResult
 from day0 import stages
-from day0.verdict.report import Report, _stage
+from day0.verdict import hooks
+from day0.verdict.report import Report
 
 
 def _fmt(value) -> str:
@@ -89,6 +90,9 @@ def _off_kind(report: Report) -> dict[str, str]:
             if not g.applicable and g.metric.split(".")[0] in elsewhere}
 
 
+BRING_UP = "bring-up, weights untrained"
+
+
 def headline(report: Report) -> str:
     """One line: the verdict and why - the first failing gate (gates.yaml order), the stage that
     could not finish, or the checkpoint problem - then the stages' findings."""
@@ -110,15 +114,17 @@ def headline(report: Report) -> str:
         applicable = sum(g.applicable for g in report.gates)
         why = (f"{applicable - len(failing)} of {applicable} gates hold; warnings: "
                + ", ".join(g.id for g in failing)) if failing else f"all {applicable} gates hold"
+    if report.bring_up:
+        why = f"{BRING_UP} (not a release verdict); {why}"
     return "; ".join([f"{verdict}: {why}", *report.findings])
 
 
 def stage_tables(report: Report) -> dict[str, tuple[str, list[dict]]]:
-    """Extra tables the stages show (their `tables` hook): artifact key -> (description, rows)."""
+    """Extra tables the stages show (their `tables` hook): artifact key -> (description, rows);
+    a hook that raises is a note in the report (day0.verdict.hooks), its tables left out."""
     out: dict[str, tuple[str, list[dict]]] = {}
     for name, result in report.evidence.items():
-        if stage := _stage(name):
-            out.update(stage.tables(result))
+        out.update(hooks.call(name, "tables", result, default={}, notes=report.notes))
     return out
 
 
@@ -138,7 +144,8 @@ def to_markdown(report: Report, images: dict[str, str] | None = None) -> str:
     params = model.get("params") or {}
     ident = report.identity or {}
     first, _, rest = headline(report).partition(": ")
-    parts = [f"# day0 validation: {report.verdict}\n", f"**{first}**: {rest}\n"]
+    title = f"{report.verdict} ({BRING_UP})" if report.bring_up else report.verdict
+    parts = [f"# day0 validation: {title}\n", f"**{first}**: {rest}\n"]
     if report.checkpoint_problems:  # first: nothing below is about the target then
         parts += (["## The checkpoint is broken\n"] + [f"- {p}" for p in report.checkpoint_problems]
                   + ["", "Target and reference load the same broken weights: the comparisons "
@@ -163,9 +170,12 @@ def to_markdown(report: Report, images: dict[str, str] | None = None) -> str:
                                        "budget": _budget(s.budget), "error": s.error or ""}
                                       for n, s in report.stages.items()])]
     for name, result in report.evidence.items():
-        stage = _stage(name)
-        section = stage.markdown(result, report.gates) if stage else None
-        parts.append(section if section is not None else _metrics_section(report, name))
+        # a section that cannot be rendered is a note (report.notes), its metrics shown instead
+        section = hooks.call(name, "markdown", result, report.gates, default=None,
+                             notes=report.notes)
+        parts.append(section if isinstance(section, str) else _metrics_section(report, name))
+    if report.notes:  # last: the notes of every section above included
+        parts += ["## Notes\n"] + [f"- {n}" for n in report.notes] + [""]
     return "\n".join(p for p in parts if p)
 
 
@@ -202,7 +212,8 @@ def verdict_table(report: Report) -> str:
         lines.append(f"ERROR {err}")
     for problem in report.checkpoint_problems:
         lines.append(f"BROKEN checkpoint: {problem}")
-    lines.append(f"verdict: {report.verdict}  ({report.target.label}, {report.source})")
+    mark = f" ({BRING_UP}: not a release verdict)" if report.bring_up else ""
+    lines.append(f"verdict: {report.verdict}{mark}  ({report.target.label}, {report.source})")
     return "\n".join(lines)
 
 

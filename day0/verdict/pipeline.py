@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from day0.verdict import gates as gating
 from day0 import stages
+from day0.verdict import hooks
 from day0.execution.contract import StageInputs
 from day0.verdict.gates import GateResult, GatesFile
 from day0.execution.stage import StageOutcome
@@ -98,9 +99,12 @@ def without_engine(name: str, why: str) -> StageOutcome:
                         log_tail=why.splitlines()[-15:])
 
 
-def facts_of(name: str, outcome: StageOutcome) -> dict:
-    """The model facts a finished stage contributes (day0.stages `facts` hook)."""
-    return stages.get(name).facts(outcome.result or {}) if outcome.ok else {}
+def facts_of(name: str, outcome: StageOutcome, notes: list[str] | None = None) -> dict:
+    """The model facts a finished stage contributes (day0.stages `facts` hook); a hook that
+    raises contributes none and is a note (day0.verdict.hooks)."""
+    if not outcome.ok:
+        return {}
+    return hooks.call(name, "facts", outcome.result or {}, default={}, notes=notes)
 
 
 @dataclass

@@ -11,9 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from day0 import __version__
 from day0.execution.budget import StageBudget
 from day0.verdict.gates import GateResult
-from day0 import stages
-from day0.errors import Day0Error
 from day0.execution.stage import StageOutcome
+from day0.verdict import hooks
 from day0.engines.settings import Endpoint
 from day0.execution.targets import Target
 
@@ -66,6 +65,13 @@ class Report(BaseModel):
     findings: list[str] = Field(default_factory=list, description=(
         "One-line findings of the stages (their `findings` hook), e.g. the first divergent "
         "layer; in the headline and printed by the CLI."))
+    bring_up: bool = Field(False, description=(
+        "The weights were declared untrained placeholders (`--bring-up`): the verdict judges "
+        "the port against its control, never a release."))
+    notes: list[str] = Field(default_factory=list, description=(
+        "What could not be shown: a stage hook (its facts, evidence, findings, report.md "
+        "section, tables, plots or files) that raised, one line each. Its part falls back to "
+        "the plain default (metrics, the whole result); the verdict stands."))
     created_at: str
     day0_version: str = __version__
     results_uri: str | None = Field(None, description=(
@@ -79,35 +85,59 @@ class Report(BaseModel):
 def build(*, source: str, target: Target, reference: Target, outcomes: dict[str, StageOutcome],
           gate_results: list[GateResult], verdict: str, facts: dict | None = None,
           checkpoint_problems: list[str] | None = None, identity: dict | None = None,
-          engine: Endpoint | None = None) -> Report:
+          engine: Endpoint | None = None, notes: list[str] | None = None,
+          bring_up: bool = False) -> Report:
+    """The report from the stages' outcomes; notes: what could not be shown so far (a hook
+    that raised, day0.verdict.hooks), to which this adds its own."""
+    notes = list(notes or [])
     metrics: dict[str, float | None] = {}
     for outcome in outcomes.values():
         metrics.update(outcome.metrics)
     evidence, findings = {}, []
     for name, outcome in outcomes.items():
         if outcome.ok and outcome.result is not None:
-            stage = _stage(name)
-            evidence[name] = stage.evidence(outcome.result) if stage else dict(outcome.result)
-            findings += list(stage.findings(evidence[name]) if stage else [])
+            evidence[name] = hooks.call(name, "evidence", outcome.result,
+                                        default=dict(outcome.result), notes=notes)
+            findings += list(hooks.call(name, "findings", evidence[name], default=[],
+                                        notes=notes))
     return Report(
         verdict=verdict, source=source, target=target, reference=reference, engine=engine,
         gates=gate_results,
         identity=dict(identity or {}), model=dict(facts or {}),
-        stages={name: StageSummary(ok=o.ok, cached=o.cached, seconds=round(o.seconds, 3),
-                                   failure=o.failure, error=o.error, ran_in=o.ran_in,
-                                   budget=o.budget, peak_rss_gib=o.peak_rss_gib)
-                for name, o in outcomes.items()},
-        metrics=metrics, evidence=evidence,
+        stages=summaries(outcomes), metrics=metrics, evidence=evidence,
         errors=[f"stage {name}: {o.error}" for name, o in outcomes.items() if not o.ok],
-        checkpoint_problems=list(checkpoint_problems or []), findings=findings,
-        created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        checkpoint_problems=list(checkpoint_problems or []), findings=findings, notes=notes,
+        bring_up=bring_up, created_at=now(),
     )
 
 
-def _stage(name: str):
-    """The registered stage of that name; None for one no longer registered (its evidence is
-    kept as it is, its hooks give nothing)."""
-    try:
-        return stages.get(name)
-    except Day0Error:
-        return None
+def summaries(outcomes: dict[str, StageOutcome]) -> dict[str, StageSummary]:
+    return {name: StageSummary(ok=o.ok, cached=o.cached, seconds=round(o.seconds, 3),
+                               failure=o.failure, error=o.error, ran_in=o.ran_in,
+                               budget=o.budget, peak_rss_gib=o.peak_rss_gib)
+            for name, o in outcomes.items()}
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def unconcluded(*, source: str, target: Target, reference: Target,
+                outcomes: dict[str, StageOutcome], error: BaseException,
+                identity: dict | None = None, facts: dict | None = None) -> Report:
+    """What finished when a day0 bug left no verdict (the CLI's exit 4): every stage's outcome
+    and whole result as it came, no gate judged, the bug named. Its verdict field says ERROR so
+    that nothing reading report.json can take it for a release verdict."""
+    metrics = {k: v for o in outcomes.values() for k, v in o.metrics.items()}
+    bug = (f"day0 internal error, no verdict reached: {type(error).__name__}: {error} (a day0 "
+           "bug: report it; the stages' evidence below is kept as it finished)")
+    return Report(
+        verdict="ERROR", source=source, target=target, reference=reference, gates=[],
+        identity=dict(identity or {}), model=dict(facts or {}), stages=summaries(outcomes),
+        metrics=metrics, evidence={n: dict(o.result) for n, o in outcomes.items()
+                                   if o.ok and o.result is not None},
+        errors=[f"stage {n}: {o.error}" for n, o in outcomes.items() if not o.ok] + [bug],
+        created_at=now())
+
+
+_stage = hooks.stage_of  # the registered stage of that name, None for one no longer registered

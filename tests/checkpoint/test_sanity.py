@@ -194,3 +194,33 @@ def test_reference_score_store_is_keyed_atomic_and_tolerant(tmp_path, monkeypatc
     for path in folder.iterdir():
         path.write_text("{not json")
     assert sanity.stored_reference_perplexity("m@v1#a") is None
+
+
+def test_2d_zero_expert_biases_are_biases_not_broken_matmul_weights(tmp_path):
+    """gpt_oss keeps its experts' biases as 2-D [experts, width] tensors, zero at init: a bias
+    by how the model uses it (added), not a matmul weight by its rank. A zero 2-D weight next
+    to them is still found."""
+    import torch
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    tensors = {"model.layers.0.mlp.experts.gate_up_proj": torch.randn(4, 16, 32),
+               "model.layers.0.mlp.experts.gate_up_proj_bias": torch.zeros(4, 32),
+               "model.layers.0.mlp.experts.down_proj_bias": torch.zeros(4, 16),
+               "model.layers.0.mlp.router.bias": torch.zeros(4)}
+    (tmp_path / "config.json").write_text('{"model_type": "gpt_oss"}')
+    save_file(tensors, tmp_path / "model.safetensors")
+    assert sanity.check_weights(str(tmp_path)) == []
+    tensors["model.layers.0.mlp.router.weight"] = torch.zeros(4, 16)
+    save_file(tensors, tmp_path / "model.safetensors")
+    (problem,) = sanity.check_weights(str(tmp_path))
+    assert "1 weight tensor(s) are all zero: model.layers.0.mlp.router.weight (fix" in problem
+
+
+def test_near_uniform_perplexity_is_untrained_broken_for_a_release_a_note_in_bring_up():
+    assert sanity.untrained_findings(542.7, 512) and not sanity.untrained_findings(32.3, 512)
+    (broken,) = sanity.perplexity_problems(542.7, 512, None)
+    assert "uniform guess" in broken
+    assert sanity.perplexity_problems(542.7, 512, None, untrained=True) == []
+    # what is broken whatever the weights are meant to be stays broken in bring-up
+    assert sanity.perplexity_problems(math.nan, 512, None, untrained=True)

@@ -109,7 +109,8 @@ def run(config: Config, inputs: StageInputs, *, kept: KeptSides | None = None) -
         lap("windows")
         result = summarize(evidence, tolerances, target, text.span, n_buckets)
         problems += _reference_problems(config, evidence, result["perplexity_reference"], text,
-                                        source_name, inputs, broken=bool(problems))
+                                        source_name, inputs, broken=bool(problems),
+                                        notes=notes)
         made: dict[str, list] = {}
         gen_rows = gen.compared(config.new_tokens, text.chosen, text.batch, text.tokenizer, ref,
                                 ctl, tgt, reference.device, target,
@@ -230,14 +231,21 @@ def _compare_windows(config: Config, text: _EvalText, ref, ctl, tgt, streamed: b
 
 
 def _reference_problems(config: Config, evidence, ppl_ref: float, text: _EvalText, source: str,
-                        inputs: StageInputs, *, broken: bool) -> list[str]:
-    """What the reference's own numbers say of the checkpoint (`broken`: found so far)."""
+                        inputs: StageInputs, *, broken: bool, notes: list[str]) -> list[str]:
+    """What the reference's own numbers say of the checkpoint (`broken`: found so far); in
+    bring-up (placeholder weights) what only means 'untrained' goes to notes instead."""
     problems = []
     if bad_ref := evidence.logits.reference_nonfinite:
         problems.append(f"the cpu/float32 reference produced {bad_ref} non-finite logits")
     if config.check_weights:
         problems += _perplexity_check(ppl_ref, text.model_config, source, inputs, text.content,
                                       text.seq_len, len(text.wins), broken or bool(problems))
+    if inputs.bring_up:
+        from day0.checkpoint import sanity
+
+        vocab = getattr(text.model_config, "vocab_size", 0) or 0
+        notes += [f"bring-up, weights untrained (not a finding): {line}"
+                  for line in sanity.untrained_findings(ppl_ref, vocab)]
     return problems
 
 
@@ -249,12 +257,12 @@ def _perplexity_check(ppl_ref: float, model_config, source: str, inputs: StageIn
 
     revision = getattr(inputs, "revision", None)
     key = None
-    if revision:
+    if revision and not inputs.bring_up:  # placeholder weights have no score to keep
         digest = hashlib.sha256(f"{text}|{seq_len}|{n_windows}".encode()).hexdigest()[:16]
         key = f"{source}@{revision}#{digest}"
     stored = sanity.stored_reference_perplexity(key) if key else None
     found = sanity.perplexity_problems(ppl_ref, getattr(model_config, "vocab_size", 0) or 0,
-                                       stored)
+                                       stored, untrained=inputs.bring_up)
     if key and stored is None and not found and not already_broken and math.isfinite(ppl_ref):
         sanity.store_reference_perplexity(key, ppl_ref)
     return found
