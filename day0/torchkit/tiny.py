@@ -17,6 +17,9 @@ from pathlib import Path
 from day0.torchkit.shrink import shrink_config
 
 DIMS = dict(hidden=64, heads=4, intermediate=128, vocab=512, max_layers=8)
+# The fixtures' context: alignment evaluates windows of max_position_embeddings tokens (up to
+# 8192), which on a 2-core machine costs most of a tiny model's validation.
+MAX_POSITIONS = 256
 SPECIAL_IDS = dict(bos_token_id=0, eos_token_id=1, pad_token_id=2)  # tiny-llama's tokenizer
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 # A shrunk model above this still has a dimension shrink does not know: refuse it before
@@ -52,8 +55,9 @@ def causal_lm_types() -> dict[str, str]:
     return dict(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 
-def tiny_config(model_type: str, **dims):
-    """The model type's default config shrunk to DIMS (overridable), special ids 0/1/2."""
+def tiny_config(model_type: str, *, max_positions: int | None = MAX_POSITIONS, **dims):
+    """The model type's default config shrunk to DIMS (overridable), special ids 0/1/2, context
+    at most max_positions."""
     from transformers import AutoConfig
 
     try:
@@ -75,12 +79,12 @@ def tiny_config(model_type: str, **dims):
     except Exception as exc:
         raise Unbuildable(f"shrink fails: {first_line(exc)}") from None
     _set_special_ids(small)
-    _fill_defaults(small)
+    _fill_defaults(small, max_positions)
     return small
 
 
 def build_tiny(model_type: str, folder: Path, *, tokenizer_from: Path, dtype: str = "float32",
-               seed: int = 0, **dims) -> TinyCheckpoint:
+               seed: int = 0, max_positions: int | None = MAX_POSITIONS, **dims) -> TinyCheckpoint:
     """Write a tiny random checkpoint of model_type to folder (replaced if there)."""
     import torch
     import transformers
@@ -90,7 +94,7 @@ def build_tiny(model_type: str, folder: Path, *, tokenizer_from: Path, dtype: st
     if model_class is None:
         raise Unbuildable(f"no causal-LM class {class_name!r} in transformers (remote code?)")
     try:
-        config = tiny_config(model_type, **dims)
+        config = tiny_config(model_type, max_positions=max_positions, **dims)
     except Unbuildable:
         raise
     except Exception as exc:  # never crash a sweep: whatever fails is this type's reason
@@ -139,7 +143,7 @@ def tensor_elements(folder: Path) -> int:
     return total
 
 
-def _fill_defaults(config) -> None:
+def _fill_defaults(config, max_positions: int | None) -> None:
     """Fields some classes' defaults leave None although every release sets them (transformers
     then cannot build its own default); BERT-like classes are causal only as decoders."""
     def get(target, name):
@@ -156,6 +160,9 @@ def _fill_defaults(config) -> None:
             target.num_key_value_heads = heads
         if get(target, "is_decoder") is False:
             target.is_decoder = True
+        positions = get(target, "max_position_embeddings")
+        if max_positions and isinstance(positions, int) and positions > max_positions:
+            target.max_position_embeddings = max_positions
 
 
 def _set_special_ids(config) -> None:
@@ -176,11 +183,10 @@ def _quiet():
 
     previous = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()  # save_pretrained's per-shard bar
+    hf_logging.disable_progress_bar()  # save_pretrained's per-shard bar (left off: a global)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:
-        hf_logging.enable_progress_bar()
         hf_logging.set_verbosity(previous)
