@@ -123,6 +123,10 @@ def _shrink(d: dict, *, hidden, heads, intermediate, vocab, max_layers) -> None:
     elif d.get("head_dim") is not None:
         d["head_dim"] = head_dim
     _shrink_rope_lists(d, d.get("head_dim") or head_dim)
+    if isinstance(d.get("rotary_dim"), int) and original.get("hidden_size"):
+        # GPT-J / CodeGen rotate the first rotary_dim of each head: the same share of the new one
+        was = original["hidden_size"] // (original.get("num_attention_heads") or 1)
+        d["rotary_dim"] = max(2, head_dim * d["rotary_dim"] // max(1, was) // 2 * 2)
     if "intermediate_size" in d:
         d["intermediate_size"] = intermediate
     for key in MOE_WIDTH_KEYS:

@@ -14,7 +14,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from day0.torchkit.shrink import shrink_config
+from day0.torchkit.shrink import EXPERT_COUNT_KEYS, shrink_config
 
 DIMS = dict(hidden=64, heads=4, intermediate=128, vocab=512, max_layers=8)
 # The fixtures' context: alignment evaluates windows of max_position_embeddings tokens (up to
@@ -158,6 +158,9 @@ def _fill_defaults(config, max_positions: int | None) -> None:
             target.head_dim = target.hidden_size // heads
         if get(target, "num_key_value_heads") is None and heads:
             target.num_key_value_heads = heads
+        if get(target, "num_experts_per_tok") is None and any(  # DeepSeek-V2's default
+                isinstance(get(target, k), int) for k in EXPERT_COUNT_KEYS):
+            target.num_experts_per_tok = 2
         if get(target, "is_decoder") is False:
             target.is_decoder = True
         positions = get(target, "max_position_embeddings")
