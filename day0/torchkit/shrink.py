@@ -5,12 +5,20 @@ be materialised with random weights in seconds to probe or replay its ops on a d
 from __future__ import annotations
 
 import copy
+import math
 
-EXPERT_COUNT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts")
+EXPERT_COUNT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
+_TOP_K_KEYS = ("num_experts_per_tok", "moe_topk", "moe_k", "num_experts_per_token")
 MOE_WIDTH_KEYS = ("moe_intermediate_size", "shared_expert_intermediate_size")
 # Layer-pattern periods: the probe needs at least this many layers to contain each kind.
 _PERIOD_KEYS = ("decoder_sparse_step", "moe_layer_freq", "full_attention_interval",
                 "interleave_moe_layer_step")
+# The names _shrink sizes; older configs spell them their own way (GPT-2's n_embd, n_head,
+# n_layer), which the config class's attribute_map translates.
+_CANONICAL = ("hidden_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers",
+              "intermediate_size", "vocab_size", "head_dim", "moe_intermediate_size")
+# FFN widths no attribute_map names (None means "4 x hidden" and is left alone)
+_FFN_WIDTH_KEYS = ("n_inner", "dff", "ffn_dim", "ffn_hidden_size", "d_ff", "inner_size")
 
 
 def shrink_config(config, *, hidden: int, heads: int, intermediate: int, vocab: int,
@@ -18,19 +26,81 @@ def shrink_config(config, *, hidden: int, heads: int, intermediate: int, vocab: 
     """A copy of a transformers config with tiny dims and the same architecture and options."""
     data = copy.deepcopy(config.to_dict())
     data.pop("quantization_config", None)  # random weights are plain tensors in the target dtype
-    _shrink(data, hidden=hidden, heads=heads, intermediate=intermediate, vocab=vocab,
-            max_layers=max_layers)
+    dims = dict(hidden=hidden, heads=heads, intermediate=intermediate, vocab=vocab,
+                max_layers=max_layers)
+    _shrink_aliased(data, getattr(type(config), "attribute_map", {}), dims)
+    text = getattr(config, "text_config", None)
     if isinstance(data.get("text_config"), dict):
-        _shrink(data["text_config"], hidden=hidden, heads=heads, intermediate=intermediate,
-                vocab=vocab, max_layers=max_layers)
+        _shrink_aliased(data["text_config"], getattr(type(text), "attribute_map", {}), dims)
     small = type(config).from_dict(data)
     small._experts_implementation = config._experts_implementation
     small._attn_implementation = config._attn_implementation
     return small
 
 
+def _shrink_aliased(d: dict, attribute_map: dict, dims: dict) -> None:
+    """_shrink on the canonical names, each aliased field renamed there and back."""
+    renamed = {name: attribute_map[name] for name in _CANONICAL
+               if name not in d and attribute_map.get(name) in d}
+    for name, alias in renamed.items():
+        d[name] = d.pop(alias)
+    _shrink(d, **dims)
+    for name, alias in renamed.items():
+        d[alias] = d.pop(name)
+    _shrink_extras(d, **dims)
+
+
+def _shrink_extras(d: dict, *, hidden, heads, intermediate, vocab, max_layers) -> None:
+    """Sizes that only some families have: FFN widths of older configs, a second attention
+    kind's heads (swa_/global_ prefixes), XLNet's d_head, Mamba-2 heads, extra vocabularies."""
+    head_dim = max(8, hidden // heads)
+    for key in _FFN_WIDTH_KEYS:
+        if isinstance(d.get(key), int) and d[key] > 0:
+            d[key] = intermediate
+    for prefix in ("swa_", "global_", "local_", "sliding_", "full_"):
+        if isinstance(d.get(prefix + "num_attention_heads"), int):
+            kv = d.get(prefix + "num_key_value_heads")
+            ratio = max(1, d[prefix + "num_attention_heads"] // kv) if isinstance(kv, int) and kv else 1
+            d[prefix + "num_attention_heads"] = heads
+            if isinstance(kv, int) and kv:
+                d[prefix + "num_key_value_heads"] = max(1, heads // ratio)
+        if isinstance(d.get(prefix + "head_dim"), int):
+            d[prefix + "head_dim"] = 2 * head_dim if prefix in ("global_", "full_") else head_dim
+    group = max(1, heads // (d.get("num_key_value_heads") or heads))
+    for key in ("index_n_heads", "index_num_heads"):  # sparse-attention indexers
+        if isinstance(d.get(key), int):
+            d[key] = min(d[key], group)
+    if isinstance(d.get("d_head"), int):  # XLNet checks d_head == d_model // n_head
+        d["d_head"] = hidden // heads
+    _shrink_ssm_heads(d, hidden)
+    if isinstance(d.get("hidden_size_per_layer_input"), int) and d["hidden_size_per_layer_input"]:
+        d["hidden_size_per_layer_input"] = 16  # Gemma-3n/4 per-layer embeddings
+    for key in [k for k in d if "vocab_size" in k and k != "vocab_size"]:
+        if isinstance(d[key], int) and d[key] > vocab:  # per-layer inputs, unpadded, ...
+            d[key] = vocab
+
+
+def _shrink_ssm_heads(d: dict, hidden: int) -> None:
+    """Mamba-2 heads must tile expand x hidden exactly, and the groups must divide the heads."""
+    for n_key, dim_key, expand_key, groups_key in (
+            ("mamba_n_heads", "mamba_d_head", "mamba_expand", "mamba_n_groups"),
+            ("num_heads", "head_dim", "expand", "n_groups")):
+        if not all(isinstance(d.get(k), (int, float)) for k in (n_key, expand_key)):
+            continue
+        inner = int(d[expand_key] * hidden)
+        if isinstance(d.get("mamba_d_ssm"), int):  # Falcon-H1 names the inner size itself
+            d["mamba_d_ssm"] = inner
+        d_head = 16 if isinstance(d.get(dim_key), int) else inner // d[n_key]
+        if isinstance(d.get(dim_key), int):
+            d[dim_key] = d_head
+        d[n_key] = max(1, inner // d_head)
+        if isinstance(d.get(groups_key), int) and d[n_key] % d[groups_key]:
+            d[groups_key] = math.gcd(d[n_key], d[groups_key])
+
+
 def _shrink(d: dict, *, hidden, heads, intermediate, vocab, max_layers) -> None:
     old_layers = d.get("num_hidden_layers")
+    original = dict(d)  # top-level sizes before, for per-layer overrides
     if d.get("num_attention_heads"):
         ratio = max(1, d["num_attention_heads"] // (d.get("num_key_value_heads") or
                                                     d["num_attention_heads"]))
@@ -53,6 +123,10 @@ def _shrink(d: dict, *, hidden, heads, intermediate, vocab, max_layers) -> None:
     elif d.get("head_dim") is not None:
         d["head_dim"] = head_dim
     _shrink_rope_lists(d, d.get("head_dim") or head_dim)
+    if isinstance(d.get("rotary_dim"), int) and original.get("hidden_size"):
+        # GPT-J / CodeGen rotate the first rotary_dim of each head: the same share of the new one
+        was = original["hidden_size"] // (original.get("num_attention_heads") or 1)
+        d["rotary_dim"] = max(2, head_dim * d["rotary_dim"] // max(1, was) // 2 * 2)
     if "intermediate_size" in d:
         d["intermediate_size"] = intermediate
     for key in MOE_WIDTH_KEYS:
@@ -63,11 +137,11 @@ def _shrink(d: dict, *, hidden, heads, intermediate, vocab, max_layers) -> None:
         d["vocab_size"] = vocab
         for key in [k for k in d if k.endswith("token_id")]:  # ids beyond the tiny vocab
             if isinstance(d[key], int) and d[key] >= vocab:
-                d[key] = None
+                d[key] = vocab - 1  # not None: some configs require an int
             elif isinstance(d[key], list):
                 d[key] = [i for i in d[key] if not isinstance(i, int) or i < vocab] or None
     if isinstance(old_layers, int):
-        _shrink_layers(d, old_layers, max_layers)
+        _shrink_layers(d, old_layers, max_layers, original)
 
 
 def _shrink_rope_lists(d: dict, head_dim: int) -> None:
@@ -82,7 +156,7 @@ def _shrink_rope_lists(d: dict, head_dim: int) -> None:
 
 
 def _shrink_experts(d: dict) -> None:
-    top_k = d.get("num_experts_per_tok") or d.get("moe_topk") or 1
+    top_k = next((d[k] for k in _TOP_K_KEYS if isinstance(d.get(k), int) and d[k] > 0), 1)
     key = next((k for k in EXPERT_COUNT_KEYS if isinstance(d.get(k), int) and d[k] > 0), None)
     if key is None:
         return
@@ -96,7 +170,7 @@ def _shrink_experts(d: dict) -> None:
     d[key] = min(d[key], experts)
 
 
-def _shrink_layers(d: dict, old: int, max_layers: int) -> None:
+def _shrink_layers(d: dict, old: int, max_layers: int, original: dict) -> None:
     n = 2
     if isinstance(d.get("first_k_dense_replace"), int) and d["first_k_dense_replace"] > 0:
         d["first_k_dense_replace"] = 1  # layer 0 dense, layer 1 MoE
@@ -105,11 +179,60 @@ def _shrink_layers(d: dict, old: int, max_layers: int) -> None:
             n = max(n, d[key])
     if d.get("mlp_only_layers"):
         d["mlp_only_layers"] = [0]
-    kinds = list(dict.fromkeys(d["layer_types"])) if isinstance(d.get("layer_types"), list) else []
-    n = min(max(n, len(kinds)), max_layers, old)
-    for key, value in list(d.items()):  # per-layer lists (layer_types, no_rope_layers, ...)
-        if isinstance(value, list) and len(value) == old and key != "layer_types":
-            d[key] = value[:n]
+    old_types = d["layer_types"] if isinstance(d.get("layer_types"), list) else []
+    kinds = list(dict.fromkeys(old_types))
+    n = max(n, len(kinds))
+    if isinstance(d.get("num_kv_shared_layers"), int) and d["num_kv_shared_layers"] > 0:
+        # the last layers reuse earlier layers' KV cache: each kind must come before them too
+        n = max(n, 2 * len(kinds))
+        d["num_kv_shared_layers"] = max(1, len(kinds))
+    n = min(n, max_layers, old)
+    per_layer = [k for k, v in d.items() if isinstance(v, list) and len(v) == old]
+    for key in per_layer:  # per-layer lists (layer_types, no_rope_layers, ...)
+        if key != "layer_types":
+            d[key] = d[key][:n]
+    new_types = [kinds[i % len(kinds)] for i in range(n)] if kinds else []
     if kinds:
-        d["layer_types"] = [kinds[i % len(kinds)] for i in range(n)]
+        d["layer_types"] = new_types
+    _remap_layer_indices(d, old, n, old_types, new_types, skip=set(per_layer),
+                         original=original)
     d["num_hidden_layers"] = n
+
+
+def _remap_layer_indices(d: dict, old: int, n: int, old_types: list, new_types: list, *,
+                         skip: set, original: dict) -> None:
+    """Lists of layer indices (index_layers, full_attn_idxs) and per-layer overrides keyed by
+    index (per_layer_config): an old layer stands as every new layer of its kind, else as the
+    last new layer, so every special layer kind stays (and stays homogeneous)."""
+    def new_indices(i: int) -> list[int]:
+        if i < len(old_types) and old_types[i] in new_types:
+            return [j for j, kind in enumerate(new_types) if kind == old_types[i]]
+        return [min(i, n - 1)]
+
+    for key, value in list(d.items()):
+        if (key != "mlp_only_layers" and key not in skip and ("layer" in key or "idx" in key)
+                and isinstance(value, list) and 0 < len(value) < old
+                and all(isinstance(i, int) and 0 <= i < old for i in value)
+                and value == sorted(set(value))):
+            d[key] = sorted({j for i in value for j in new_indices(i)})
+    overrides = d.get("per_layer_config")
+    if isinstance(overrides, dict) and overrides and all(str(k).isdigit() for k in overrides):
+        width = max(len(str(k)) for k in overrides)
+        remapped: dict = {}
+        for key, value in overrides.items():
+            for j in new_indices(int(key)):
+                remapped.setdefault(str(j).zfill(width), _shrunk_override(d, original, value))
+        d["per_layer_config"] = remapped
+
+
+def _shrunk_override(d: dict, original: dict, value):
+    """A layer's own sizes, shrunk: twice, half or the same as the shrunk model's, as the
+    override was against the original model's."""
+    if not isinstance(value, dict):
+        return value
+    out = dict(value)
+    for key, size in value.items():
+        new, was = d.get(key), original.get(key)
+        if isinstance(size, int) and isinstance(new, int) and isinstance(was, int):
+            out[key] = 2 * new if size > was else max(1, new // 2) if size < was else new
+    return out

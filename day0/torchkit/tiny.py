@@ -1,0 +1,195 @@
+"""Tiny random checkpoints of any transformers causal-LM architecture: the model type's own
+default config shrunk (day0.torchkit.shrink), random weights saved as safetensors, and a given
+512-token tokenizer. For sweeps over every architecture transformers ships and for tests that
+need one checkpoint per layout family (sliding, MLA, SSM, MoE) without downloading anything.
+
+A model type that cannot give such a checkpoint raises Unbuildable with a one-line reason."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from day0.torchkit.shrink import EXPERT_COUNT_KEYS, shrink_config
+
+DIMS = dict(hidden=64, heads=4, intermediate=128, vocab=512, max_layers=8)
+# The fixtures' context: alignment evaluates windows of max_position_embeddings tokens (up to
+# 8192), which on a 2-core machine costs most of a tiny model's validation.
+MAX_POSITIONS = 256
+SPECIAL_IDS = dict(bos_token_id=0, eos_token_id=1, pad_token_id=2)  # tiny-llama's tokenizer
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+# A shrunk model above this still has a dimension shrink does not know: refuse it before
+# random init and save take minutes and gigabytes.
+MAX_PARAMS = 10_000_000
+# sub-configs that mean a tower besides the language model (shrink only knows text models)
+_TOWERS = ("vision_config", "audio_config", "speech_config", "vq_config", "depth_decoder_config",
+           "encoder_config", "image_config", "audio_encoder_config", "perceiver_config")
+
+
+class Unbuildable(Exception):
+    """The model type gives no tiny checkpoint here; str() is the one-line reason."""
+
+
+@dataclass
+class TinyCheckpoint:
+    folder: Path
+    model_type: str
+    class_name: str
+    tensor_elements: int  # sum over the saved tensors (the safetensors headers)
+
+
+def first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    text = " ".join(lines[:2]) if lines and lines[0].endswith(":") else (lines or [""])[0]
+    return f"{type(exc).__name__}: {text}"[:200]  # a validator's first line only says "error:"
+
+
+def causal_lm_types() -> dict[str, str]:
+    """model_type -> causal-LM class name, as transformers' auto mapping has them."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return dict(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+def tiny_config(model_type: str, *, max_positions: int | None = MAX_POSITIONS, **dims):
+    """The model type's default config shrunk to DIMS (overridable), special ids 0/1/2, context
+    at most max_positions."""
+    from transformers import AutoConfig
+
+    try:
+        with _quiet():
+            config = AutoConfig.for_model(model_type)
+    except ImportError as exc:
+        raise Unbuildable(f"needs a package not installed ({first_line(exc)})") from None
+    except Exception as exc:
+        raise Unbuildable(f"config fails: {first_line(exc)}") from None
+    if getattr(config, "is_encoder_decoder", False):
+        raise Unbuildable("encoder-decoder")
+    towers = [k for k in _TOWERS if getattr(config, k, None) is not None]
+    if towers:
+        raise Unbuildable(f"multimodal: its class needs a {towers[0].removesuffix('_config')} "
+                          "tower the text shrink does not size")
+    try:
+        with _quiet():
+            small = shrink_config(config, **{**DIMS, **dims})
+    except Exception as exc:
+        raise Unbuildable(f"shrink fails: {first_line(exc)}") from None
+    _set_special_ids(small)
+    _fill_defaults(small, max_positions)
+    return small
+
+
+def build_tiny(model_type: str, folder: Path, *, tokenizer_from: Path, dtype: str = "float32",
+               seed: int = 0, max_positions: int | None = MAX_POSITIONS, **dims) -> TinyCheckpoint:
+    """Write a tiny random checkpoint of model_type to folder (replaced if there)."""
+    import torch
+    import transformers
+
+    class_name = causal_lm_types().get(model_type)
+    model_class = getattr(transformers, class_name or "", None)
+    if model_class is None:
+        raise Unbuildable(f"no causal-LM class {class_name!r} in transformers (remote code?)")
+    try:
+        config = tiny_config(model_type, max_positions=max_positions, **dims)
+    except Unbuildable:
+        raise
+    except Exception as exc:  # never crash a sweep: whatever fails is this type's reason
+        raise Unbuildable(f"config fails: {first_line(exc)}") from None
+    torch.manual_seed(seed)
+    try:
+        with _quiet():
+            with torch.device("meta"):
+                count = sum(p.numel() for p in model_class._from_config(config).parameters())
+            if count > MAX_PARAMS:
+                raise Unbuildable(f"shrink leaves {count / 1e6:.0f} M parameters (a size field "
+                                  "it does not know)")
+            model = model_class._from_config(config, dtype=getattr(torch, dtype))
+    except Unbuildable:
+        raise
+    except ImportError as exc:
+        raise Unbuildable(f"needs a package not installed ({first_line(exc)})") from None
+    except Exception as exc:
+        raise Unbuildable(f"class fails to build: {first_line(exc)}") from None
+    folder = Path(folder)
+    shutil.rmtree(folder, ignore_errors=True)
+    try:
+        with _quiet():
+            model.save_pretrained(folder, safe_serialization=True)
+    except Exception as exc:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise Unbuildable(f"save_pretrained fails: {first_line(exc)}") from None
+    for name in TOKENIZER_FILES:
+        shutil.copy(Path(tokenizer_from) / name, folder / name)
+    return TinyCheckpoint(folder, model_type, class_name, tensor_elements(folder))
+
+
+def tensor_elements(folder: Path) -> int:
+    """Sum of the element counts of every tensor in the folder's safetensors headers."""
+    total = 0
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        with open(file, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(size))
+        for name, entry in header.items():
+            if name != "__metadata__":
+                count = 1
+                for dim in entry["shape"]:
+                    count *= dim
+                total += count
+    return total
+
+
+def _fill_defaults(config, max_positions: int | None) -> None:
+    """Fields some classes' defaults leave None although every release sets them (transformers
+    then cannot build its own default); BERT-like classes are causal only as decoders."""
+    def get(target, name):
+        try:
+            return getattr(target, name, 0)
+        except Exception:  # per-layer attributes (Gemma-4) refuse a global read
+            return 0
+
+    for target in {id(c): c for c in (config, config.get_text_config())}.values():
+        heads = get(target, "num_attention_heads")
+        if get(target, "head_dim") is None and heads:
+            target.head_dim = target.hidden_size // heads
+        if get(target, "num_key_value_heads") is None and heads:
+            target.num_key_value_heads = heads
+        if get(target, "num_experts_per_tok") is None and any(  # DeepSeek-V2's default
+                isinstance(get(target, k), int) for k in EXPERT_COUNT_KEYS):
+            target.num_experts_per_tok = 2
+        if get(target, "is_decoder") is False:
+            target.is_decoder = True
+        positions = get(target, "max_position_embeddings")
+        if max_positions and isinstance(positions, int) and positions > max_positions:
+            target.max_position_embeddings = max_positions
+
+
+def _set_special_ids(config) -> None:
+    """The tokenizer's bos/eos/pad ids, on the config and on a text sub-config that has them."""
+    targets = [config]
+    text = getattr(config, "text_config", None)
+    if text is not None and text is not config:
+        targets.append(text)
+    for target in targets:
+        for key, value in SPECIAL_IDS.items():
+            setattr(target, key, value)
+
+
+@contextlib.contextmanager
+def _quiet():
+    """transformers' and torch's warnings about defaults are noise for random models."""
+    from transformers.utils import logging as hf_logging
+
+    previous = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()  # save_pretrained's per-shard bar (left off: a global)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        hf_logging.set_verbosity(previous)
