@@ -156,6 +156,7 @@ def run(config: Config, inputs: StageInputs) -> Result:
     moe, _ = moe_facts(view, tensors)
     unused = ckpt.params("extra") if ckpt.has_weights else 0
     params = count_params(tensors, moe, "checkpoint" if ckpt.has_weights else "config", unused)
+    params.buffers = ckpt.params("buffer") if ckpt.has_weights else 0
     tied = cfg(view, "tie_word_embeddings")
     params.tied_embeddings = tied if isinstance(tied, bool) else None
     params.shared_layers = shared_layers(view)

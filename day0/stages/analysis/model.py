@@ -94,6 +94,9 @@ class Params(BaseModel):
     routed_experts: int = Field(0, description="Parameters in routed experts.")
     embedding: int = Field(0, description="Input embedding parameters.")
     unused: int = Field(0, description="Checkpoint parameters transformers' class does not use (e.g. MTP).")
+    buffers: int = Field(0, description=(
+        "Elements of persistent buffers the checkpoint stores besides the parameters (DeepSeek's "
+        "router e_score_correction_bias): not in total, as the class holds them as buffers."))
     source: str = Field(description="'checkpoint' (header element counts) or 'config' (meta model).")
     tied_embeddings: bool | None = Field(None, description=(
         "tie_word_embeddings: lm_head is the input embedding, not stored (counted once)."))
