@@ -59,11 +59,15 @@ def write_table(rows: list[dict], page: Path, meta: dict) -> str:
         "`day0.torchkit.tiny.build_tiny` (hidden 64, 4 heads, at most 8 layers keeping every "
         f"layer kind, vocabulary 512, context 256), random {meta['dtype']} weights saved as "
         "safetensors, and tiny-llama's tokenizer. Per type: `day0 analyze --json` (is "
-        "`params.total` the element count of the saved tensors?), `day0 scan --json` "
-        f"(aten ops recorded) and `day0 validate --target cpu-bf16 --bring-up --stages "
-        f"analysis,scan,alignment` (its exit code and verdict). With `--stages`, the gates of "
-        "the stages not run (evaluation, performance) are not evaluated, so FAIL is the verdict "
-        "to expect; *failed gates* lists the gates of the stages that ran.",
+        "`params.total` plus the persistent buffers it reports apart the element count of the "
+        "saved tensors?), `day0 scan --json` (aten ops recorded) and `day0 validate --target "
+        "cpu-bf16 --bring-up --stages analysis,scan,alignment --gates gates-sweep.yaml` (its exit "
+        "code and verdict; the gates file holds the shipped gates of those three stages, so the "
+        "verdict judges what ran; *failed gates* lists the ones that did not hold, warnings "
+        "included). Bring-up: the weights are random, so a perplexity near a uniform guess is a "
+        "note, not BROKEN; the target (bf16) is judged against its control as for any port. "
+        "PASS is what a correct port gets; the [investigations](#investigated) below explain "
+        "every other verdict.",
         "",
         f"**Summary.** {text}",
         "",
@@ -72,11 +76,32 @@ def write_table(rows: list[dict], page: Path, meta: dict) -> str:
         "|---|---|--:|--:|:-:|--:|---|---|--:|---|",
     ]
     lines += [_row(r) for r in rows]
+    lines += _investigated(rows)
     if meta["types_run"] < meta["types_known"]:
         lines.insert(2, f"*{meta['types_run']} of the {meta['types_known']} model types: a "
                         "subset (`--types`) or an unfinished run (`--from-results`).*\n")
     page.write_text("\n".join(lines) + "\n")
     return text
+
+
+NOTES = Path(__file__).with_name("sweep_notes.yaml")
+
+
+def _investigated(rows: list[dict]) -> list[str]:
+    """What was found out about each model type that does not PASS (bench/sweep_notes.yaml,
+    written by whoever investigated it); a type without a note is listed as not yet explained."""
+    import yaml
+
+    notes = (yaml.safe_load(NOTES.read_text()) or {}) if NOTES.is_file() else {}
+    lines = ["", "## Investigated {#investigated}", "",
+             "Every built model type whose verdict is not PASS, and why (bench/sweep_notes.yaml).",
+             ""]
+    for r in rows:
+        if "skipped" in r or r.get("verdict") == "PASS":
+            continue
+        why = notes.get(r["type"]) or "not yet explained"
+        lines.append(f"- **{r['type']}** ({r.get('verdict') or 'no verdict'}): {' '.join(str(why).split())}")
+    return lines
 
 
 def _row(r: dict) -> str:

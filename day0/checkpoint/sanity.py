@@ -195,6 +195,18 @@ def check_weights(source: str) -> list[str]:
     return _weight_messages(ckpt, nonfinite, zero, constant, extreme, zeroed_files)
 
 
+ZERO = "weight tensor(s) are all zero"
+CONSTANT = "weight tensor(s) hold one value repeated"
+
+
+def means_untrained(problem: str) -> bool:
+    """Whether a weight finding is what placeholder weights give by design: a model's own
+    initialization zeroes or fills some matrices (afmoe's router gate starts at zero), so in
+    bring-up all-zero or constant weights are notes; non-finite values, corrupt magnitudes and
+    zeroed shards never are."""
+    return ZERO in problem or CONSTANT in problem
+
+
 def additive(name: str) -> bool:
     """Whether the tensor is added, not multiplied (a bias at any rank: data/sanity.yaml)."""
     leaf = name.rpartition(".")[2]
@@ -218,10 +230,10 @@ def _weight_messages(ckpt, nonfinite, zero, constant, extreme, zeroed_files) -> 
             f"tensor(s): " + _names([f"{n} ({c})" for n, c in nonfinite]),
             file=where(names), fix=REEXPORT)))
     if zero:
-        out.append(str(Problem(f"{len(zero)} weight tensor(s) are all zero: {_names(zero)}",
+        out.append(str(Problem(f"{len(zero)} {ZERO}: {_names(zero)}",
                                file=where(zero), fix=REEXPORT)))
     if constant:
-        out.append(str(Problem(f"{len(constant)} weight tensor(s) hold one value repeated: "
+        out.append(str(Problem(f"{len(constant)} {CONSTANT}: "
                                f"{_names(constant)}", file=where(constant), fix=REEXPORT)))
     if extreme:
         names = [n for n, _, _ in extreme]

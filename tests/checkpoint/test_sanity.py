@@ -224,3 +224,14 @@ def test_near_uniform_perplexity_is_untrained_broken_for_a_release_a_note_in_bri
     assert sanity.perplexity_problems(542.7, 512, None, untrained=True) == []
     # what is broken whatever the weights are meant to be stays broken in bring-up
     assert sanity.perplexity_problems(math.nan, 512, None, untrained=True)
+
+
+def test_zero_and_constant_weights_are_what_untrained_means_corruption_is_not(llama):
+    """In bring-up a model's own initialization may zero a matrix (afmoe's router gate): all-zero
+    and constant weights mean untrained there; non-finite values never do."""
+    shard, begin, end, _ = breakers.span(llama, DOWN.format(0))
+    breakers.write_at(shard, begin, bytes(end - begin))
+    breakers.put_float(llama, DOWN.format(1), 3, math.nan)
+    zero, nonfinite = sorted(sanity.check_weights(str(llama)), key=lambda p: "non-finite" in p)
+    assert sanity.means_untrained(zero) and "all zero" in zero
+    assert not sanity.means_untrained(nonfinite)

@@ -91,6 +91,12 @@ def run(config: Config, inputs: StageInputs, *, kept: KeptSides | None = None) -
     weights_source = source_name if streamed else inputs.source
     problems = _scan_weights(config, plan, weights_source if live else source_name, lap)
     scanned = list(problems)  # what the bank keeps of the weight scan
+    if inputs.bring_up:  # placeholder weights: what their initialization gives is no finding
+        from day0.checkpoint.sanity import means_untrained
+
+        notes += [f"bring-up, weights untrained (not a finding): {p}" for p in problems
+                  if means_untrained(p)]
+        problems = [p for p in problems if not means_untrained(p)]
     try:
         ref, ctl, tgt = sides.load_sides(
             plan, streamed=streamed, same=same, kept=kept, wins=text.wins, reference=reference,
