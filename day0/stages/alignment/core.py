@@ -91,12 +91,8 @@ def run(config: Config, inputs: StageInputs, *, kept: KeptSides | None = None) -
     weights_source = source_name if streamed else inputs.source
     problems = _scan_weights(config, plan, weights_source if live else source_name, lap)
     scanned = list(problems)  # what the bank keeps of the weight scan
-    if inputs.bring_up:  # placeholder weights: what their initialization gives is no finding
-        from day0.checkpoint.sanity import means_untrained
-
-        notes += [f"bring-up, weights untrained (not a finding): {p}" for p in problems
-                  if means_untrained(p)]
-        problems = [p for p in problems if not means_untrained(p)]
+    if inputs.bring_up:
+        problems = _untrained_as_notes(problems, notes)
     try:
         ref, ctl, tgt = sides.load_sides(
             plan, streamed=streamed, same=same, kept=kept, wins=text.wins, reference=reference,
@@ -190,6 +186,16 @@ def _window_notes(config: Config, wins, seq_len: int, max_pos, prefix) -> list[s
                      f"{config.context_tokens} positions are context only")
     return notes
 
+
+
+def _untrained_as_notes(problems: list[str], notes: list[str]) -> list[str]:
+    """Bring-up (placeholder weights): what their initialization gives (all-zero or constant
+    matrices) is a note, not a finding; the other problems are returned."""
+    from day0.checkpoint.sanity import means_untrained
+
+    notes += [f"bring-up, weights untrained (not a finding): {p}" for p in problems
+              if means_untrained(p)]
+    return [p for p in problems if not means_untrained(p)]
 
 
 def _scan_weights(config: Config, plan, source: str, lap) -> list[str]:
