@@ -117,7 +117,7 @@ def run(config: Config, inputs: StageInputs, *, kept: KeptSides | None = None) -
         made: dict[str, list] = {}
         gen_rows = gen.compared(config.new_tokens, text.chosen, text.batch, text.tokenizer, ref,
                                 ctl, tgt, reference.device, target,
-                                kept.greedy if kept else None, streamed, made)
+                                kept.greedy if kept else None, streamed, made, notes)
         lap("generation")
         bank_bytes = sides.commit(
             plan, {"reference": (ref, reference), plan.control_part: (ctl, control_profile)},

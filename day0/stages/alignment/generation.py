@@ -45,9 +45,13 @@ def compare(ref: list[int], tgt: list[int], new_tokens: int) -> tuple[float, int
 
 
 def compared(new_tokens: int, chosen, batch, tokenizer, ref, ctl, tgt, ref_device: str, target,
-             kept_greedy, streamed: bool, made: dict) -> list[GenerationRow]:
+             kept_greedy, streamed: bool, made: dict,
+             notes: list[str] | None = None) -> list[GenerationRow]:
     """Greedy continuations of reference, control (banked or generated) and target, compared;
-    made collects the ones generated for the bank (by part). kept_greedy: core.KeptSides'."""
+    made collects the ones generated for the bank (by part). kept_greedy: core.KeptSides'.
+    A reference implementation that cannot generate at all (transformers' own decoding path
+    raises for this architecture, e.g. a hybrid cache with no attention layer) compares none:
+    a note, its metrics missing (the generation gate, a warning, says so)."""
     from transformers.utils import logging as hf_logging
 
     from day0.execution import progress
@@ -65,6 +69,8 @@ def compared(new_tokens: int, chosen, batch, tokenizer, ref, ctl, tgt, ref_devic
     def continuations(side, done: int):
         if isinstance(side, BankSide):
             found = side.bank.meta.generations
+            if found is None:  # its live run could not generate either
+                raise RuntimeError(f"the reference bank's {side.name} part holds no generations")
         else:
             found = generate(side.model, batch, new_tokens, ref_device, pad)
             if isinstance(side, Recorder):
@@ -75,8 +81,15 @@ def compared(new_tokens: int, chosen, batch, tokenizer, ref, ctl, tgt, ref_devic
     previous = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        refs = continuations(ref, 1)
-        ctls = refs if ctl is ref else continuations(ctl, 2)
+        try:
+            refs = continuations(ref, 1)
+            ctls = refs if ctl is ref else continuations(ctl, 2)
+        except Exception as exc:  # the reference's own code: nothing to compare the target with
+            if notes is not None:
+                notes.append(f"generation not compared: the reference implementation's "
+                             f"generate() raised {type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0][:200] if str(exc) else ''}")
+            return []
         try:
             tgts = ctls if tgt is None else (streamed_greedy if streamed else greedy)(
                 tgt.model, batch, new_tokens, target.device, pad)
