@@ -7,6 +7,7 @@ live in day0/data/sanity.yaml and are read here (:func:`limits`).
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from functools import lru_cache
 from pathlib import Path
@@ -26,6 +27,9 @@ class HeaderLimits(BaseModel):
     max_unused_fraction: float = Field(gt=0, le=1, description=(
         "Share of the checkpoint's parameters the model class does not use above which it is broken."))
     integer_dtypes: list[str] = Field(description="Stored dtypes that cannot hold a float parameter.")
+    float_parameter: list[str] = Field(description=(
+        "Regular expressions on a tensor name's last part for floating-point parameters (a "
+        "weight or bias); other tensors may hold integers on purpose (routing tables)."))
 
 
 class WeightLimits(BaseModel):
@@ -95,7 +99,9 @@ def header_problems(ckpt: Checkpoint) -> list[str]:
     if not ckpt.config.get("quantization_config"):  # quantized exports store ints on purpose
         relabelled: dict[str, list[str]] = defaultdict(list)
         for name, info in sorted(ckpt.tensors.items()):
-            if ckpt.roles.get(name) == "model" and info.dtype in lim.integer_dtypes:
+            leaf = name.rpartition(".")[2]
+            if (ckpt.roles.get(name) == "model" and info.dtype in lim.integer_dtypes
+                    and any(re.search(p, leaf) for p in lim.float_parameter)):
                 relabelled[info.dtype].append(name)
         for dtype, names in sorted(relabelled.items()):
             first = ckpt.tensors[names[0]]

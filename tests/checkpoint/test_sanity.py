@@ -7,6 +7,7 @@ import math
 import struct
 
 import pytest
+import torch
 
 from day0.checkpoint import sanity
 from day0.stages.analysis import core as analysis
@@ -235,3 +236,26 @@ def test_zero_and_constant_weights_are_what_untrained_means_corruption_is_not(ll
     zero, nonfinite = sorted(sanity.check_weights(str(llama)), key=lambda p: "non-finite" in p)
     assert sanity.means_untrained(zero) and "all zero" in zero
     assert not sanity.means_untrained(nonfinite)
+
+
+def test_an_integer_routing_table_is_not_a_relabelled_float_parameter(llama):
+    """DeepSeek-V4 stores its hash-routing table (token id -> expert id) as I64 on purpose: only
+    a weight or bias stored as an integer dtype is a relabelled float parameter."""
+    import json as _json
+
+    from safetensors.torch import load_file, save_file
+
+    from day0.checkpoint.headers import classify, read_checkpoint
+
+    shard, name = breakers.shards(llama)[0], "model.layers.0.mlp.gate.tid2eid"
+    tensors = load_file(str(shard))
+    tensors[name] = torch.zeros(4, 2, dtype=torch.int64)
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    index = llama / "model.safetensors.index.json"
+    weights = _json.loads(index.read_text())
+    weights["weight_map"][name] = shard.name
+    index.write_text(_json.dumps(weights))
+    ckpt = read_checkpoint(str(llama))
+    classify(ckpt, layers=4, model_class="LlamaForCausalLM")
+    assert ckpt.roles[name] == "model"  # what the integer check looks at
+    assert analyse(llama).checkpoint_problems == []

@@ -35,6 +35,13 @@ class Step:
     routes: dict
 
 
+def _last(hidden, n: int):
+    """A layer output's last n positions (all of them unless the model prepends tokens)."""
+    if hidden is None or hidden.dim() < 2 or hidden.shape[-2] <= n:
+        return hidden
+    return hidden[..., -n:, :]
+
+
 class Side:
     """One model and where it runs; target failures are findings about the target."""
 
@@ -65,8 +72,9 @@ class Side:
                                  field="target.plugins" if self.plugins else "target",
                                  fix="fix the target's kernels/plugins for the failing op"
                                  ) from exc
-            yield Step(start, out.logits[0].detach().to("cpu", torch.float32),
-                       list(self.capture.hidden), dict(self.capture.routes))
+            n = end - start  # a model may prepend virtual tokens (CPM-Ant's prompt): the last n
+            yield Step(start, out.logits[0, -n:].detach().to("cpu", torch.float32),
+                       [_last(h, n) for h in self.capture.hidden], dict(self.capture.routes))
 
 
 class KeptSide(Side):

@@ -172,3 +172,13 @@ def test_an_op_the_model_upcasts_is_replayed_as_the_model_runs_it():
     assert faithful.status == "ok" and "runs it in float32 at bfloat16" in faithful.reason
     mm = [r for r in as_run if r.op == "aten.embedding.default"][0]
     assert mm.status == "ok" and mm.reason is None  # bf16 ops still replayed in bf16
+
+
+def test_a_mask_fill_of_the_float32_minimum_replays_at_the_target_dtype_minimum():
+    """A float32 model fills masks with finfo(float32).min, a bf16 one with finfo(bf16).min
+    (doge): the recorded scalar is clamped to the target dtype's range on both sides."""
+    x = torch.randn(4, 4)
+    mask = torch.eye(4, dtype=torch.bool)
+    rows = _replay(lambda: x.masked_fill(mask, torch.finfo(torch.float32).min))
+    row = rows["aten.masked_fill.Scalar"]
+    assert row.status == "ok", row.reason
