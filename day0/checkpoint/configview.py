@@ -73,7 +73,18 @@ class ConfigView:
         for candidate in dict.fromkeys((key, name)):
             if candidate in self.raw:  # an explicit null is null, as in transformers' config
                 return self.raw[candidate]
-        return (self.spec.get("defaults") or {}).get(key)
+        # a multimodal class (gemma4, fuyu) keeps its language model's fields in text_config:
+        # what it says there beats the outer class's defaults, which have none of them
+        text = self.raw.get("text_config")
+        if isinstance(text, dict):
+            for candidate in dict.fromkeys((key, name)):
+                if text.get(candidate) is not None:
+                    return text[candidate]
+        found = (self.spec.get("defaults") or {}).get(key)
+        if found is None and isinstance(text, dict):
+            inner = model_types()["types"].get(text.get("model_type")) or {}
+            found = (inner.get("defaults") or {}).get(key)
+        return found
 
     def get(self, *names: str, default=None):
         """First non-null of the names' values (:meth:`value`), else default."""

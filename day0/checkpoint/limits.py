@@ -43,6 +43,15 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _per_layer(value) -> bool:
+    """A size given per layer: a non-empty list of whole numbers, at most MAX_PER_LAYER long."""
+    return (isinstance(value, list) and 0 < len(value) <= MAX_PER_LAYER
+            and all(_is_int(v) for v in value))
+
+
+MAX_PER_LAYER = 4096  # a per-layer list longer than any model's layers is not one
+
+
 def _has_type(value, kind: str) -> bool:
     if kind == "string":
         return isinstance(value, str)
@@ -105,11 +114,13 @@ def config_problems(raw: dict, file: str) -> list[Problem]:
             value = section.get(name)
             if value is None:
                 continue
-            if not _is_int(value):
+            # one per layer is a whole-number list (Gemma-3n's intermediate_size, OpenELM's heads)
+            values = value if name in spec["per_layer"] and _per_layer(value) else [value]
+            if not all(_is_int(v) for v in values):
                 problems.append(Problem(f"must be a whole number, not {_show(value)}", file=file,
                                         field=prefix + name,
                                         fix=f"write an integer from {bound['min']} to {bound['max']}"))
-            elif not bound["min"] <= value <= bound["max"]:
+            elif not all(bound["min"] <= v <= bound["max"] for v in values):
                 problems.append(Problem(
                     f"{_show(value)} is outside the sane range {bound['min']}..{bound['max']}",
                     file=file, field=prefix + name,
@@ -153,6 +164,9 @@ def _dims(raw: dict) -> dict:
     merged = dict(raw)
     for prefix, section in sections(raw)[1:]:
         merged.update(section)
+    # a per-layer size counts at its smallest (implied_params is a lower bound)
+    per_layer = set(limits()["per_layer"])
+    merged = {k: min(v) if k in per_layer and _per_layer(v) else v for k, v in merged.items()}
     return {k: v for k, v in merged.items() if _is_int(v) and v > 0}
 
 

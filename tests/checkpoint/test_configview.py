@@ -288,3 +288,14 @@ def test_missing_dimension_is_an_input_error_naming_the_field():
 
 def test_view_module_is_data_driven_and_small():
     assert len(Path(configview.__file__).read_text().splitlines()) < 500
+
+
+def test_a_multimodal_class_reads_its_language_model_from_text_config():
+    """gemma4/fuyu-style: the outer class has no num_attention_heads; text_config has it, and
+    what text_config leaves out comes from its own class's defaults."""
+    raw = {"model_type": "llama", "architectures": ["LlamaForCausalLM"],
+           "text_config": {"model_type": "llama", "num_attention_heads": 6}}
+    view = resolve(raw)
+    assert view.require("num_attention_heads") == 6
+    raw["num_attention_heads"] = 8  # the top level, when it says so, wins
+    assert resolve(raw).require("num_attention_heads") == 8

@@ -273,3 +273,14 @@ def test_validate_exits_2_for_bad_input(prefect_server, tmp_path, case, named):
     error_lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("day0: error:")]
     assert len(error_lines) == 1 and named in error_lines[0] and len(error_lines[0]) <= 500
     assert "Traceback" not in proc.stderr
+
+
+def test_a_per_layer_width_is_a_list_a_scalar_field_is_not():
+    """Gemma-3n gives intermediate_size once per layer; hidden_size as a list is still refused."""
+    base = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "vocab_size": 512}
+    assert limits.config_problems({**base, "intermediate_size": [128, 256]}, "config.json") == []
+    problems = limits.config_problems({**base, "intermediate_size": [128, 0]}, "config.json")
+    assert any("outside the sane range" in p.message for p in problems)
+    problems = limits.config_problems({**base, "hidden_size": [64, 64]}, "config.json")
+    assert any("must be a whole number" in p.message for p in problems)
