@@ -108,6 +108,20 @@ class Capture:
         return False
 
 
+def _as_positions(x, n: int):
+    """A layer output as [..., n, features]: as it is when its second-last axis holds the n
+    positions; with the axes after the positions flattened when an earlier one does
+    (DeepSeek-V4's hyper-connection streams, [1, n, 4, hidden]); None when none does."""
+    if x is None or x.dim() < 2:
+        return None
+    if x.shape[-2] == n:
+        return x
+    for axis in range(x.dim() - 3, -1, -1):
+        if x.shape[axis] == n:
+            return x.flatten(axis + 1)
+    return None
+
+
 class LayerRow(Row):
     layer: int = Field(description="Decoder layer index.")
     rel_error: float = Field(description="Target: mean over scored positions of ||t-r||/||r||.")
@@ -162,7 +176,12 @@ class LayerAccumulator:
         return len(self.err_t) - 1
 
     def fill(self, slot: int, i: int, r, c, t, scored: torch.Tensor) -> None:
-        """Layer i of the chunk in ``slot``: reference, control and target hidden states."""
+        """Layer i of the chunk in ``slot``: reference, control and target hidden states. A
+        layer whose output has no positions axis of the chunk's length is not compared (the
+        logits still are): its index goes to ``missing``."""
+        if not scored.numel():  # a chunk with no position (nothing scored in it)
+            return
+        r, c, t = (_as_positions(x, scored.numel()) for x in (r, c, t))
         if r is None or t is None or c is None or r.shape != t.shape or r.shape != c.shape:
             self.missing.add(i)
             return

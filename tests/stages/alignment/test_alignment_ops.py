@@ -182,3 +182,21 @@ def test_a_mask_fill_of_the_float32_minimum_replays_at_the_target_dtype_minimum(
     rows = _replay(lambda: x.masked_fill(mask, torch.finfo(torch.float32).min))
     row = rows["aten.masked_fill.Scalar"]
     assert row.status == "ok", row.reason
+
+
+def test_layer_outputs_of_unusual_shapes_are_compared_or_named_missing():
+    """DeepSeek-V4's layers output hyper-connection streams [1, n, 4, hidden]: compared over
+    the flattened streams; an output without an axis of the chunk's positions is missing (its
+    layer not compared), never a crash."""
+    from day0.stages.alignment.layers import LayerAccumulator
+
+    n = 6
+    scored = torch.ones(n, dtype=torch.bool)
+    acc = LayerAccumulator(2)
+    streams = torch.randn(1, n, 4, 8)
+    slot = acc.open(scored)
+    acc.fill(slot, 0, streams, streams * 1.001, streams * 1.002, scored)
+    acc.fill(slot, 1, torch.randn(1, 3, 8), torch.randn(1, 3, 8), torch.randn(1, 3, 8), scored)
+    assert acc.missing == {1} and not torch.isnan(acc.err_t[slot][:, 0]).any()
+    acc.fill(acc.open(torch.ones(0, dtype=torch.bool)), 0, streams, streams, streams,
+             torch.ones(0, dtype=torch.bool))  # a chunk with no position: nothing to add
