@@ -36,7 +36,7 @@ def find_routers(model) -> dict[str, torch.nn.Module]:
     for name, module in model.named_modules():
         cls = type(module).__name__.lower()
         leaf = name.rsplit(".", 1)[-1]
-        if cls.endswith("router") or cls.endswith("gate"):
+        if cls.endswith(("router", "gate", "gating")):  # JetMoeTopKGating
             found[name] = module
         elif isinstance(module, torch.nn.Linear) and leaf in ("gate", "router"):
             parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
@@ -61,8 +61,12 @@ def _selected_experts(output, top_k: int | None) -> torch.Tensor | None:
         if isinstance(item, torch.Tensor) and not item.is_floating_point() \
                 and item.dtype != torch.bool and item.dim() >= 2:
             return item.reshape(-1, item.shape[-1])
-    logits = items[0] if items and isinstance(items[0], torch.Tensor) else None
-    if logits is not None and logits.is_floating_point() and top_k:
+    # router logits: the first output, else the first float matrix wider than k (JetMoE's
+    # gating returns sorted indices first and its logits last)
+    floats = [x for x in items if isinstance(x, torch.Tensor) and x.is_floating_point()
+              and x.dim() >= 2 and top_k and x.shape[-1] > top_k]
+    logits = items[0] if items and any(items[0] is x for x in floats) else next(iter(floats), None)
+    if logits is not None:
         return torch.topk(logits.reshape(-1, logits.shape[-1]).float(), top_k, dim=-1).indices
     return None
 
