@@ -106,6 +106,22 @@ class ConfigView:
         return value
 
 
+# where configs keep their trained context: transformers' name first, then older models' own
+# (gpt2 n_positions, mpt max_seq_len, qwen-1 seq_length, ctrl n_ctx)
+CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
+                  "max_sequence_length", "n_ctx")
+
+
+def trained_context(config) -> int | None:
+    """The trained context of a config (a transformers config or a config.json dict): the
+    first of CONTEXT_FIELDS that is a positive whole number, else None."""
+    for name in CONTEXT_FIELDS:
+        value = config.get(name) if isinstance(config, dict) else getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
 def unknown_model_type(model_type, architectures: list, version: str, file) -> InputError:
     """A model_type transformers lacks, whose architectures name no class it has either (the
     same words here and where transformers builds the model, day0.checkpoint.modeling)."""
@@ -194,6 +210,24 @@ def _alias(view: ConfigView, name: str) -> str:
     return (view.spec.get("aliases") or {}).get(name, name)
 
 
+@lru_cache(maxsize=1)
+def layer_count_rules() -> dict:
+    """day0/data/layer_count.yaml: model_type -> how its class computes num_hidden_layers."""
+    return _load(DATA_DIR / "layer_count.yaml")
+
+
+def _layer_count(view: ConfigView) -> int | None:
+    """num_hidden_layers where the class computes it (layer_count.yaml) and config.json lacks it."""
+    rule = layer_count_rules().get(view.model_type)
+    if not rule or view.raw.get(_alias(view, "num_hidden_layers")) is not None:
+        return None
+    if "length_of" in rule:
+        given = view.raw.get(rule["length_of"], view.value(rule["length_of"]))
+        return len(given) if isinstance(given, (list, str)) and given else None
+    given = view.raw.get(rule["of"], view.value(rule["of"]))
+    return given * rule["times"] if isinstance(given, int) and not isinstance(given, bool) else None
+
+
 def _derive(view: ConfigView) -> None:
     """What transformers' config computes in __post_init__ that analysis reads."""
     key = _alias(view, "layer_types")
@@ -220,6 +254,9 @@ def _derive(view: ConfigView) -> None:
     rope = rope_parameters(view)
     if rope is not None:
         view.derived["rope_parameters"] = rope
+    layers = _layer_count(view)
+    if layers is not None:
+        view.derived[_alias(view, "num_hidden_layers")] = layers
     gap = differences().get(view.model_type)
     given = gap.get("fields") if gap else None
     if gap and not (given and all(view.raw.get(f) is not None for f in given)):

@@ -299,3 +299,13 @@ def test_a_multimodal_class_reads_its_language_model_from_text_config():
     assert view.require("num_attention_heads") == 6
     raw["num_attention_heads"] = 8  # the top level, when it says so, wins
     assert resolve(raw).require("num_attention_heads") == 8
+
+
+@pytest.mark.parametrize("model_type, fields", [
+    ("nemotron_h", {"layers_block_type": ["mamba", "attention", "moe", "mamba"]}),
+    ("longcat_flash", {"num_layers": 3})])
+def test_a_layer_count_the_class_computes_is_derived_as_transformers_does(model_type, fields):
+    from transformers import AutoConfig
+
+    expected = AutoConfig.for_model(model_type, **fields).num_hidden_layers
+    assert resolve({"model_type": model_type, **fields}).require("num_hidden_layers") == expected

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from day0.checkpoint.configview import trained_context
 from day0.execution import progress
 from day0.checkpoint.files import read_config_dict
 from day0.execution.contract import Laps, StageInputs
@@ -158,7 +159,7 @@ def _prepare_text(config: Config, inputs: StageInputs, local: str) -> _EvalText:
     tokenizer = load_tokenizer(local, inputs.trust_remote_code)
     model_config = resolve_config(read_config_dict(local),
                                   trust_remote_code=inputs.trust_remote_code).config
-    max_pos = getattr(model_config, "max_position_embeddings", None)
+    max_pos = trained_context(model_config)  # mpt's max_seq_len, gpt2's n_positions too
     seq_len = config.seq_len or min(max_pos or config.seq_len_cap, config.seq_len_cap)
     ids = tokenize(tokenizer, text, getattr(model_config, "vocab_size", None))
     prefix = prefix_token(tokenizer)

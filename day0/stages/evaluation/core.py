@@ -7,6 +7,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from day0.checkpoint.configview import trained_context
 from day0.store import identity
 from day0.execution import progress
 from day0.checkpoint.files import read_config_dict
@@ -91,7 +92,7 @@ def run(config: Config, inputs: StageInputs) -> Result:
 def _context_lengths(config: Config, target, source: str, notes: list[str]) -> tuple[int, int]:
     """(max_length: the trained context, or the engine's when shorter; the tokens a
     long-context prompt may have)."""
-    trained = int(read_config_dict(source).get("max_position_embeddings") or 2048)
+    trained = int(trained_context(read_config_dict(source)) or 2048)
     max_length = trained
     if target.kind == "engine":
         max_length = min(max_length, max_model_len(target.engine, source))

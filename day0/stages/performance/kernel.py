@@ -20,6 +20,7 @@ import statistics
 import time
 from typing import Callable
 
+from day0.checkpoint.configview import trained_context
 from day0.execution import progress
 from day0.execution.contract import StageInputs
 from day0.engines import workloads as wl
@@ -75,7 +76,7 @@ def prepare(config: Config, inputs: StageInputs, file: wl.WorkloadFile, names: l
     model = load_pretrained(source, device=target.device, dtype=target.dtype,
                             trust_remote_code=inputs.trust_remote_code)
     apply_plugins(model, target.plugins)
-    context = int(getattr(model.config, "max_position_embeddings", 0) or 2048)
+    context = int(trained_context(model.config) or 2048)
     vocab = int(getattr(model.config, "vocab_size", 0) or 2)
     plan = lengths(config, file, names, context, notes)
     sync = (torch.accelerator.synchronize if target.device != "cpu"
