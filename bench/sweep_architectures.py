@@ -133,13 +133,17 @@ def sweep_gates(out: Path) -> Path:
     shipped["gates"] = [g for g in shipped["gates"] if g["metric"].split(".")[0] in ran]
     path = out / "gates-sweep.yaml"
     path.write_text(yaml.safe_dump(shipped, sort_keys=False))
+    # 8 greedy tokens per prompt, not 32: generation is most of a tiny MoE's alignment time on
+    # CPU, and the sweep asks whether each architecture runs and aligns, not how long it agrees
+    (out / "sweep-config.yaml").write_text(yaml.safe_dump({"alignment": {"new_tokens": 8}}))
     return path
 
 
 def _validate(row: dict, folder: Path, report_dir: Path, env: dict, limit_s: float) -> None:
-    gates = Path(env["DAY0_CACHE_DIR"]).parent / "gates-sweep.yaml"
+    work = Path(env["DAY0_CACHE_DIR"]).parent
     result = run(["validate", str(folder), "--target", TARGET, "--bring-up", "--stages", STAGES,
-                  "--gates", str(gates), "--out", str(report_dir)], env, limit_s)
+                  "--gates", str(work / "gates-sweep.yaml"), "--config",
+                  str(work / "sweep-config.yaml"), "--out", str(report_dir)], env, limit_s)
     row["validate_rc"], row["validate_s"] = result["rc"], result["s"]
     report = report_dir / "report.json"
     doc = json.loads(report.read_text()) if report.is_file() else {}

@@ -61,7 +61,8 @@ def write_table(rows: list[dict], page: Path, meta: dict) -> str:
         "safetensors, and tiny-llama's tokenizer. Per type: `day0 analyze --json` (is "
         "`params.total` plus the persistent buffers it reports apart the element count of the "
         "saved tensors?), `day0 scan --json` (aten ops recorded) and `day0 validate --target "
-        "cpu-bf16 --bring-up --stages analysis,scan,alignment --gates gates-sweep.yaml` (its exit "
+        "cpu-bf16 --bring-up --stages analysis,scan,alignment --gates gates-sweep.yaml --config "
+        "sweep-config.yaml` (8 generated tokens per prompt instead of 32; its exit "
         "code and verdict; the gates file holds the shipped gates of those three stages, so the "
         "verdict judges what ran; *failed gates* lists the ones that did not hold, warnings "
         "included). Bring-up: the weights are random, so a perplexity near a uniform guess is a "
@@ -75,6 +76,10 @@ def write_table(rows: list[dict], page: Path, meta: dict) -> str:
         "| failed gates | s | reason / bug |",
         "|---|---|--:|--:|:-:|--:|---|---|--:|---|",
     ]
+    if meta.get("rerun_after_fixes"):
+        lines.insert(-3, f"*{meta['rerun_after_fixes']} model types that did not PASS were run "
+                         "again (`--types`) after day0 fixes made during the sweep, and their "
+                         "rows replaced.*\n")
     lines += [_row(r) for r in rows]
     lines += _investigated(rows)
     if meta["types_run"] < meta["types_known"]:
