@@ -147,6 +147,33 @@ def interrupt_running(signum: int = signal.SIGTERM) -> int:
     return sent
 
 
+class TracebackFilter:
+    """Which lines of a stage's output go to the run's log: all but the frames of a Python
+    traceback, which stay in the outcome's log_tail (stages/<stage>.json) where a developer
+    reads them; the log shows the exception's own line. DAY0_DEBUG=1 shows every line."""
+
+    HEAD = "Traceback (most recent call last):"
+    CHAINED = ("During handling of the above exception", "The above exception was the direct")
+
+    def __init__(self):
+        self.inside = self.ended = False
+        self.everything = bool(os.environ.get("DAY0_DEBUG"))
+
+    def __call__(self, line: str) -> bool:
+        if self.everything:
+            return True
+        if line.startswith(self.HEAD) or line.startswith(self.CHAINED):
+            self.inside = True
+            return False
+        if self.inside and line[:1].isspace():
+            return False
+        if not line.strip():  # between chained tracebacks (after one's exception line)
+            return not self.ended
+        self.ended = self.inside  # the exception's line ends the traceback: shown
+        self.inside = False
+        return True
+
+
 def run_stage(spec: StageSpec, *, timeout_s: float | None = None,
               memory_limit_gib: float | None = None, log: Callable[[str], None] | None = None,
               env: dict | None = None, budget: StageBudget | None = None) -> StageOutcome:
@@ -177,6 +204,8 @@ def run_stage(spec: StageSpec, *, timeout_s: float | None = None,
         _RUNNING.add(proc.pid)
         beat = progress.Heartbeat(spec.stage, log, rss=lambda: group_rss_bytes(proc.pid))
 
+        shown = TracebackFilter()
+
         def pump():
             for line in proc.stdout:
                 line = line.rstrip()
@@ -184,7 +213,8 @@ def run_stage(spec: StageSpec, *, timeout_s: float | None = None,
                 if not line.startswith(progress.PREFIX):  # the tail explains failures
                     tail.append(line)
                     del tail[:-40]
-                log(line)
+                if shown(line):
+                    log(line)
 
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()

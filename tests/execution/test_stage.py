@@ -94,3 +94,21 @@ def test_log_lines_are_streamed_and_exit_code_reported(tmp_path):
     told = [line for line in lines if not line.startswith(PREFIX)]
     assert outcome.log_tail == told[-len(outcome.log_tail):]
     assert outcome.failure == "crash" and "exit code 3" in outcome.error
+
+
+def test_a_stage_traceback_stays_in_its_log_tail_and_the_log_shows_its_exception(monkeypatch):
+    """The run's log (the CLI, the Prefect UI) shows the exception's line; the frames stay in
+    the outcome's log_tail; DAY0_DEBUG=1 shows them too."""
+    from day0.execution.stage import TracebackFilter
+
+    lines = ["[stage] working", "Traceback (most recent call last):",
+             '  File "x.py", line 1, in <module>', "    boom()", "ValueError: first",
+             "", "During handling of the above exception, another exception occurred:", "",
+             "Traceback (most recent call last):", '  File "y.py", line 2, in f',
+             "RuntimeError: second", "[stage] after"]
+    monkeypatch.delenv("DAY0_DEBUG", raising=False)
+    shown = TracebackFilter()
+    assert [line for line in lines if shown(line)] == [
+        "[stage] working", "ValueError: first", "RuntimeError: second", "[stage] after"]
+    monkeypatch.setenv("DAY0_DEBUG", "1")
+    assert all(map(TracebackFilter(), lines))
