@@ -77,9 +77,10 @@ def write_table(rows: list[dict], page: Path, meta: dict) -> str:
         "|---|---|--:|--:|:-:|--:|---|---|--:|---|",
     ]
     if meta.get("rerun_after_fixes"):
-        lines.insert(-3, f"*{meta['rerun_after_fixes']} model types that did not PASS were run "
-                         "again (`--types`) after day0 fixes made during the sweep, and their "
-                         "rows replaced.*\n")
+        lines.insert(-3, f"*{meta['rerun_after_fixes']} model types were run again "
+                         "(`--types`) after day0 fixes made during or after the sweep (those "
+                         "that did not PASS, and those whose tiny config a fix changed), and "
+                         "their rows replaced.*\n")
     lines += [_row(r) for r in rows]
     lines += _investigated(rows)
     if meta["types_run"] < meta["types_known"]:

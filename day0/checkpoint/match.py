@@ -51,7 +51,8 @@ def _hint(config: dict, target: str) -> str:
 
 
 def renamer(model):
-    """checkpoint name -> (model state_dict name, converter source pattern), as transformers loads."""
+    """checkpoint name -> (model state_dict name, converter source pattern), as transformers loads;
+    and splits: the converter source patterns that one tensor fills several parameters from."""
     state = model.state_dict()
     try:
         from transformers.conversion_mapping import get_model_conversion_mapping
@@ -62,7 +63,11 @@ def renamer(model):
         renamings = [m for m in mapping if isinstance(m, WeightRenaming)]
         converters = [m for m in mapping if isinstance(m, WeightConverter)]
     except (ImportError, AttributeError, TypeError):  # private API moved: compare names as-is
-        return state, (lambda key: (key, None)), False
+        return state, (lambda key: (key, None)), False, {}
+    # one fused tensor split on load (sarvam_moe's query_key_value -> q/k/v_proj): the renamed
+    # key names the first target; the others are filled from the same tensor
+    splits = {c.source_patterns[0]: list(getattr(c, "_original_target_patterns", c.target_patterns))
+              for c in converters if len(c.source_patterns) == 1 and len(c.target_patterns) > 1}
 
     def rename(key: str):
         try:
@@ -72,13 +77,23 @@ def renamer(model):
         if new not in state and key in state:
             return key, None
         return new, pattern
-    return state, rename, True
+    return state, rename, True, splits
+
+
+def split_targets(target: str, pattern: str | None, splits: dict[str, list[str]]) -> list[str]:
+    """Every parameter one checkpoint tensor fills: ``target`` and, for a split, its siblings
+    (``target`` with the first target pattern replaced by each other one)."""
+    names = splits.get(pattern or "")
+    if not names or names[0] not in target:
+        return [target]
+    head, _, tail = target.rpartition(names[0])
+    return [target] + [head + other + tail for other in names[1:]]
 
 
 def match_model(ckpt: Checkpoint, model, problems: list[Problem], *, check_missing: bool = True) -> None:
     """Compare tensor names and shapes with the meta model transformers builds from config.json."""
     config = ckpt.config
-    state, rename, converted = renamer(model)
+    state, rename, converted, splits = renamer(model)
     ckpt.model_class = type(model).__name__
     if not converted:
         ckpt.notes.append(Note("checkpoint_note", "info", "transformers' checkpoint-name conversions "
@@ -87,8 +102,11 @@ def match_model(ckpt: Checkpoint, model, problems: list[Problem], *, check_missi
     quant_aux = [re.compile(p) for p in data()["patterns"]["quant_aux"]]
     buffers = {n for n, _ in model.named_buffers()} & set(state)
     groups: dict[str, list[tuple[str, str | None]]] = defaultdict(list)
+    filled: dict[str, list[str]] = {}  # a split's first target -> every parameter it fills
     for name in sorted(ckpt.tensors):
         target, pattern = rename(name)
+        if target in state and len(parts := split_targets(target, pattern, splits)) > 1:
+            filled[target] = [t for t in parts if t in state]
         if target in buffers:  # persistent buffers (e.g. router score bias) are not parameters
             groups[target].append((name, pattern))
             ckpt.roles[name] = "buffer"
@@ -100,9 +118,14 @@ def match_model(ckpt: Checkpoint, model, problems: list[Problem], *, check_missi
         else:
             ckpt.roles[name] = "extra"
     for target, members in groups.items():
-        _check_group(ckpt, target, members, tuple(state[target].shape), problems)
+        parts = filled.get(target, [target])
+        # a split tensor holds its parts along dim 0: compared as one of their summed rows
+        shape = tuple(state[target].shape) if len(parts) == 1 else (
+            sum(state[t].shape[0] for t in parts), *state[target].shape[1:])
+        _check_group(ckpt, target, members, shape, problems)
     if check_missing:
-        _check_missing(ckpt, model, state, groups, problems)
+        covered = set(groups) | {t for parts in filled.values() for t in parts}
+        _check_missing(ckpt, model, state, covered, problems)
     note_extras(ckpt, type(model).__name__)
 
 
@@ -140,10 +163,10 @@ def _check_group(ckpt, target, members, shape, problems) -> None:
             file=where, field=first.name, fix="correct config.json or re-export the checkpoint"))
 
 
-def _check_missing(ckpt, model, state, groups, problems) -> None:
+def _check_missing(ckpt, model, state, covered, problems) -> None:
     tied = set(getattr(model, "all_tied_weights_keys", None) or {})
     ignore = [re.compile(p) for p in (getattr(model, "_keys_to_ignore_on_load_missing", None) or [])]
-    missing = [k for k in state if k not in groups and k not in tied
+    missing = [k for k in state if k not in covered and k not in tied
                and not any(p.search(k) for p in ignore)]
     if not missing:
         return

@@ -194,8 +194,7 @@ def replay_op(name: str, stats, example, *, device: str, dtype: str, tolerances:
     if ran_at and dtype not in ran_at and "float32" in ran_at:
         # the model at the target dtype runs this op in float32 (it upcasts): so does the replay
         widened = f"the model runs it in float32 at {dtype}: replayed so"
-        tgt_args, tgt_kwargs = tree_map(
-            lambda v: _to_target(_rounded(v, target_dtype), device, torch.float32), (args, kwargs))
+        tgt_args, tgt_kwargs = _upcast_inputs(args, kwargs, device, target_dtype)
     try:
         with torch.no_grad():
             tgt_out = func(*tgt_args, **tgt_kwargs)
@@ -207,9 +206,7 @@ def replay_op(name: str, stats, example, *, device: str, dtype: str, tolerances:
         # upcasts it (qwen3_next's gated delta rule), or its whole forward on the target
         # raises, which the layer and logit checks report; replayed as the model runs it
         widened = f"no {dtype} kernel: replayed in float32 as the model upcasts it"
-        # the target dtype's values, computed in float32: what an upcasting model computes
-        tgt_args, tgt_kwargs = tree_map(
-            lambda v: _to_target(_rounded(v, target_dtype), device, torch.float32), (args, kwargs))
+        tgt_args, tgt_kwargs = _upcast_inputs(args, kwargs, device, target_dtype)
         try:
             with torch.no_grad():
                 tgt_out = func(*tgt_args, **tgt_kwargs)
@@ -243,6 +240,11 @@ def replay_op(name: str, stats, example, *, device: str, dtype: str, tolerances:
     problem = "; ".join(p for p in (widened, problem) if p) or None
     return OpRow(**row, status=status, elements=elements, mismatched=mismatched,
                  max_abs_error=max_abs, tolerance_ratio=ratio, reason=problem)
+
+
+def _upcast_inputs(args, kwargs, device: str, dtype: torch.dtype):
+    """The target dtype's values, computed in float32: what a model that upcasts the op feeds it."""
+    return tree_map(lambda v: _to_target(_rounded(v, dtype), device, torch.float32), (args, kwargs))
 
 
 def _no_kernel_for(exc: BaseException, dtype: torch.dtype) -> bool:

@@ -16,7 +16,10 @@ _PERIOD_KEYS = ("decoder_sparse_step", "moe_layer_freq", "full_attention_interva
 # The names _shrink sizes; older configs spell them their own way (GPT-2's n_embd, n_head,
 # n_layer), which the config class's attribute_map translates.
 _CANONICAL = ("hidden_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers",
-              "intermediate_size", "vocab_size", "head_dim", "moe_intermediate_size")
+              "intermediate_size", "vocab_size", "head_dim", "moe_intermediate_size",
+              "layer_types")
+# Repeating layer-kind patterns (RecurrentGemma's block_types): layer i is pattern[i % len]
+_PATTERN_KEYS = ("block_types",)
 # FFN widths no attribute_map names (None means "4 x hidden" and is left alone)
 _FFN_WIDTH_KEYS = ("n_inner", "dff", "ffn_dim", "ffn_hidden_size", "d_ff", "inner_size")
 
@@ -32,10 +35,56 @@ def shrink_config(config, *, hidden: int, heads: int, intermediate: int, vocab: 
     text = getattr(config, "text_config", None)
     if isinstance(data.get("text_config"), dict):
         _shrink_aliased(data["text_config"], getattr(type(text), "attribute_map", {}), dims)
-    small = type(config).from_dict(data)
+    small = _rederived(type(config).from_dict(data), config)
     small._experts_implementation = config._experts_implementation
     small._attn_implementation = config._attn_implementation
     return small
+
+
+def _rederived(small, original):
+    """Sizes the class derives from others in __post_init__ (RecurrentGemma's lru_width, xLSTM's
+    embedding_dim, Zamba2's attention_hidden_size) keep the original's value through from_dict:
+    each such field (one the class gives the original's value when it is left out) is derived
+    again by the class from the shrunk fields. Fields given explicitly stay as they are."""
+    before, shrunk = original.to_dict(), small.to_dict()
+    cls = type(original)
+
+    def without(d: dict, keys: set):
+        try:
+            with _quiet_config():
+                return cls.from_dict({k: v for k, v in d.items() if k not in keys})
+        except Exception:  # noqa: BLE001 - a class that needs the field: not derived
+            return None
+
+    derived = set()
+    for key, value in shrunk.items():
+        if key.startswith("_") or before.get(key) != value or isinstance(value, bool) \
+                or not isinstance(value, (int, float, list)):
+            continue  # changed by the shrink, or not a size
+        probe = without(before, {key})
+        if probe is not None and getattr(probe, key, None) == value:
+            derived.add(key)  # what the class computes when it is left out
+    again = without(shrunk, derived) if derived else None
+    for key in derived if again is not None else ():
+        value = getattr(again, key, None)
+        if value is not None and value != shrunk[key]:
+            setattr(small, key, value)
+    return small
+
+
+def _quiet_config():
+    import contextlib
+    import logging
+    import warnings
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(warnings.catch_warnings())
+    warnings.simplefilter("ignore")
+    logger = logging.getLogger("transformers")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    stack.callback(logger.setLevel, level)
+    return stack
 
 
 def _shrink_aliased(d: dict, attribute_map: dict, dims: dict) -> None:
@@ -73,6 +122,12 @@ def _shrink_extras(d: dict, *, hidden, heads, intermediate, vocab, max_layers) -
     if isinstance(d.get("d_head"), int):  # XLNet checks d_head == d_model // n_head
         d["d_head"] = hidden // heads
     _shrink_ssm_heads(d, hidden)
+    if isinstance(d.get("num_layers_per_stack"), int):
+        # HRM: two stacks of this many layers, run H x (L + 1) times; num_hidden_layers counts
+        # those runs (cache slots), as the config's __post_init__ computes it
+        d["num_layers_per_stack"] = min(d["num_layers_per_stack"], max_layers)
+        runs = (d.get("H_cycles") or 1) * ((d.get("L_cycles") or 0) + 1)
+        d["num_hidden_layers"] = d["num_layers_per_stack"] * runs
     if isinstance(d.get("hidden_size_per_layer_input"), int) and d["hidden_size_per_layer_input"]:
         d["hidden_size_per_layer_input"] = 16  # Gemma-3n/4 per-layer embeddings
     for key in [k for k in d if "vocab_size" in k and k != "vocab_size"]:
@@ -177,6 +232,9 @@ def _shrink_layers(d: dict, old: int, max_layers: int, original: dict) -> None:
     for key in _PERIOD_KEYS:
         if isinstance(d.get(key), int) and d[key] > 1:
             n = max(n, d[key])
+    for key in _PATTERN_KEYS:  # enough layers to reach each kind's first place in the pattern
+        if isinstance(d.get(key), list) and d[key]:
+            n = max(n, max(d[key].index(kind) for kind in d[key]) + 1)
     if d.get("mlp_only_layers"):
         d["mlp_only_layers"] = [0]
     old_types = d["layer_types"] if isinstance(d.get("layer_types"), list) else []

@@ -422,12 +422,19 @@ class _Output:
 def _checkpoint_names(model, store: WeightStore) -> dict[str, str]:
     """Model parameter/buffer name -> the checkpoint tensor it loads from, by transformers' own
     loading conversions (renamed modules; for merged experts, one of the per-expert tensors)."""
-    from day0.checkpoint.match import renamer
+    from day0.checkpoint.match import renamer, split_targets
 
-    _, rename, _ = renamer(model)
+    _, rename, _, splits = renamer(model)
     found: dict[str, str] = {}
     for name in sorted(store.tensors):
-        found.setdefault(rename(name)[0], name)
+        target, pattern = rename(name)
+        if len(split_targets(target, pattern, splits)) > 1:
+            # one fused tensor split into several parameters on load: streaming reads a
+            # parameter from one tensor whole
+            raise InputError(f"streaming cannot split '{name}' into the parameters it fills",
+                             field="streaming", fix="validate this model with streaming: off "
+                                                    "(resident)")
+        found.setdefault(target, name)
     return found
 
 

@@ -63,19 +63,13 @@ class MoE(BaseModel):
     topk_group: int | None = Field(None, description="Groups chosen per token.")
 
 
-class Rope(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class Rope(RopeSection):
+    """The model's RoPE: one section (the full-attention layers' when RoPE is keyed by layer
+    type), each layer type's, and what applies to all of them."""
 
     theta: float | None = Field(None, description=(
         "RoPE base frequency; with per-layer-type RoPE, the full-attention layers' (else the "
         "first type's). null: not derivable (see the unknown risks)."))
-    type: str = Field("default", description="Scaling type: default, linear, dynamic, yarn, llama3, "
-                                             "longrope, su, mrope, ...")
-    factor: float | None = Field(None, description="Context extension factor.")
-    original_max_positions: int | None = Field(None, description="Pre-extension context length.")
-    variant: dict[str, Any] = Field(default_factory=dict, description=(
-        "The scaling variant's own parameters (beta_fast/beta_slow, low/high_freq_factor, "
-        "short/long_factor lengths, mrope_section, ...)."))
     per_layer_type: dict[str, RopeSection] = Field(default_factory=dict, description=(
         "RoPE of each layer type when config.json keys rope_parameters by layer type (Gemma 3: "
         "full_attention and sliding_attention with their own theta)."))

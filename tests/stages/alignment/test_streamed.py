@@ -204,3 +204,15 @@ def test_streamed_logits_bit_identical_across_architectures(arch, tmp_path):
             streamed.run_layer(k, batch)
     assert torch.equal(streamed.logits(batch.hidden), expected)
     assert bool(streamed.experts) == (arch == "mixtral")
+
+
+def test_a_tensor_split_on_load_is_refused_by_streaming_not_misread(tmp_path):
+    """sarvam_moe's checkpoint fuses q/k/v into one tensor the class splits on load: streaming
+    reads each parameter from one tensor whole, so it says it cannot (resident can)."""
+    from day0.errors import InputError
+    from day0.torchkit.tiny import build_tiny
+
+    build_tiny("sarvam_moe", tmp_path / "sarvam", tokenizer_from=MODELS / "tiny-llama")
+    with pytest.raises(InputError) as info:
+        StreamedModel(tmp_path / "sarvam", dtype="float32")
+    assert info.value.field == "streaming" and "query_key_value" in str(info.value)

@@ -35,6 +35,26 @@ def test_shrink_keeps_every_layer_kind():
         min(4, gpt_oss.num_attention_heads // gpt_oss.num_key_value_heads)
 
 
+@pytest.mark.parametrize("model_type, check", [
+    # sizes the class derives from hidden_size in __post_init__ follow the shrunk one
+    ("recurrent_gemma", lambda c: c.lru_width == c.hidden_size
+     and "attention" in [c.block_types[i % 3] for i in range(c.num_hidden_layers)]),
+    ("xlstm", lambda c: c.embedding_dim == c.hidden_size and c.num_blocks == c.num_hidden_layers),
+    # layer kinds under an aliased name (layers_block_type) are kept like layer_types
+    ("zamba2", lambda c: c.attention_hidden_size == 2 * c.hidden_size
+     and set(c.layers_block_type) == {"linear_attention", "hybrid"}),
+    # HRM: two stacks of num_layers_per_stack layers; num_hidden_layers counts their runs
+    ("hrm_text", lambda c: c.num_layers_per_stack <= 8
+     and c.num_hidden_layers == c.num_layers_per_stack * c.H_cycles * (c.L_cycles + 1)),
+])
+def test_shrink_sizes_what_the_class_derives(model_type, check):
+    from transformers import AutoConfig
+
+    small = shrink_config(AutoConfig.for_model(model_type), hidden=64, heads=4,
+                          intermediate=128, vocab=256, max_layers=8)
+    assert small.hidden_size == 64 and check(small), small.to_dict()
+
+
 def test_cpu_fallback_keeps_dtype_and_in_place_semantics():
     x = torch.randn(4, 4, dtype=torch.bfloat16)
     y = torch.randn(4, 4, dtype=torch.bfloat16)
