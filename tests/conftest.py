@@ -63,6 +63,18 @@ def perf_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def fused_checkpoint(tmp_path_factory) -> Path:
+    """A tiny random sarvam_moe as save_pretrained writes it: q/k/v fused into one
+    attention.query_key_value per layer, which the class splits on load (transformers'
+    checkpoint conversion mapping). Read-only: copy it to change it."""
+    from day0.torchkit.tiny import build_tiny
+
+    folder = tmp_path_factory.mktemp("fused") / "sarvam"
+    build_tiny("sarvam_moe", folder, tokenizer_from=MODELS / "tiny-llama")
+    return folder
+
+
+@pytest.fixture(scope="session")
 def prefect_server():
     """One real Prefect server for the whole session; yields its API URL for subprocesses."""
     from prefect.settings import PREFECT_API_URL

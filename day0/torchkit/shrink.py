@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 
 EXPERT_COUNT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
 _TOP_K_KEYS = ("num_experts_per_tok", "moe_topk", "moe_k", "num_experts_per_token")
@@ -46,12 +47,15 @@ def _rederived(small, original):
     embedding_dim, Zamba2's attention_hidden_size) keep the original's value through from_dict:
     each such field (one the class gives the original's value when it is left out) is derived
     again by the class from the shrunk fields. Fields given explicitly stay as they are."""
+    from day0.checkpoint.modeling import quiet_transformers
+
     before, shrunk = original.to_dict(), small.to_dict()
     cls = type(original)
 
     def without(d: dict, keys: set):
         try:
-            with _quiet_config():
+            with quiet_transformers(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
                 return cls.from_dict({k: v for k, v in d.items() if k not in keys})
         except Exception:  # noqa: BLE001 - a class that needs the field: not derived
             return None
@@ -70,21 +74,6 @@ def _rederived(small, original):
         if value is not None and value != shrunk[key]:
             setattr(small, key, value)
     return small
-
-
-def _quiet_config():
-    import contextlib
-    import logging
-    import warnings
-
-    stack = contextlib.ExitStack()
-    stack.enter_context(warnings.catch_warnings())
-    warnings.simplefilter("ignore")
-    logger = logging.getLogger("transformers")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    stack.callback(logger.setLevel, level)
-    return stack
 
 
 def _shrink_aliased(d: dict, attribute_map: dict, dims: dict) -> None:

@@ -165,26 +165,14 @@ def test_moe_per_expert_tensors_match_fused_parameters(moe_src):
     assert ckpt.roles["model.layers.0.mlp.experts.3.gate_proj.weight"] == "model"
 
 
-@pytest.fixture(scope="module")
-def fused_src(tmp_path_factory) -> Path:
-    """A tiny random sarvam_moe as save_pretrained writes it: q/k/v fused into one
-    attention.query_key_value per layer, which the class splits on load (transformers'
-    checkpoint conversion mapping)."""
-    from day0.torchkit.tiny import build_tiny
-
-    folder = tmp_path_factory.mktemp("fused") / "sarvam"
-    build_tiny("sarvam_moe", folder, tokenizer_from=MODELS / "tiny-llama")
-    return folder
-
-
-def test_a_fused_tensor_split_on_load_matches_every_part(fused_src, tmp_path):
+def test_a_fused_tensor_split_on_load_matches_every_part(fused_checkpoint, tmp_path):
     from safetensors.torch import load_file, save_file
 
-    ckpt = matched(fused_src)
+    ckpt = matched(fused_checkpoint)
     fused = "model.layers.0.attention.query_key_value.weight"
     assert ckpt.roles[fused] == "model"
     # one row too few: the split cannot fill q, k and v, and the problem names the tensor
-    folder = Path(shutil.copytree(fused_src, tmp_path / "short"))
+    folder = Path(shutil.copytree(fused_checkpoint, tmp_path / "short"))
     for shard in shards(folder):
         state = load_file(shard)
         if fused in state:

@@ -206,13 +206,11 @@ def test_streamed_logits_bit_identical_across_architectures(arch, tmp_path):
     assert bool(streamed.experts) == (arch == "mixtral")
 
 
-def test_a_tensor_split_on_load_is_refused_by_streaming_not_misread(tmp_path):
+def test_a_tensor_split_on_load_is_refused_by_streaming_not_misread(fused_checkpoint):
     """sarvam_moe's checkpoint fuses q/k/v into one tensor the class splits on load: streaming
     reads each parameter from one tensor whole, so it says it cannot (resident can)."""
     from day0.errors import InputError
-    from day0.torchkit.tiny import build_tiny
 
-    build_tiny("sarvam_moe", tmp_path / "sarvam", tokenizer_from=MODELS / "tiny-llama")
     with pytest.raises(InputError) as info:
-        StreamedModel(tmp_path / "sarvam", dtype="float32")
+        StreamedModel(fused_checkpoint, dtype="float32")
     assert info.value.field == "streaming" and "query_key_value" in str(info.value)
