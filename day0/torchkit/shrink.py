@@ -9,7 +9,7 @@ import math
 import warnings
 
 EXPERT_COUNT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
-_TOP_K_KEYS = ("num_experts_per_tok", "moe_topk", "moe_k", "num_experts_per_token")
+_TOP_K_KEYS = ("num_experts_per_tok", "moe_topk", "moe_k", "num_experts_per_token", "moe_top_k")
 MOE_WIDTH_KEYS = ("moe_intermediate_size", "shared_expert_intermediate_size")
 # Layer-pattern periods: the probe needs at least this many layers to contain each kind.
 _PERIOD_KEYS = ("decoder_sparse_step", "moe_layer_freq", "full_attention_interval",
@@ -23,6 +23,10 @@ _CANONICAL = ("hidden_size", "num_attention_heads", "num_key_value_heads", "num_
 _PATTERN_KEYS = ("block_types",)
 # FFN widths no attribute_map names (None means "4 x hidden" and is left alone)
 _FFN_WIDTH_KEYS = ("n_inner", "dff", "ffn_dim", "ffn_hidden_size", "d_ff", "inner_size")
+# Layers of each kind a class needs (default 1), where one layer of a kind does not build: Zamba
+# ties every hybrid layer's shared block to the first one's, and its tie pattern finds no second
+# one to tie. Not a property the config shows, hence by model type.
+_MIN_PER_KIND = {"zamba": 2}
 
 
 def shrink_config(config, *, hidden: int, heads: int, intermediate: int, vocab: int,
@@ -30,9 +34,19 @@ def shrink_config(config, *, hidden: int, heads: int, intermediate: int, vocab: 
     """A copy of a transformers config with tiny dims and the same architecture and options."""
     data = copy.deepcopy(config.to_dict())
     data.pop("quantization_config", None)  # random weights are plain tensors in the target dtype
+    _as_loaded_layout(data, config)
     dims = dict(hidden=hidden, heads=heads, intermediate=intermediate, vocab=vocab,
-                max_layers=max_layers)
-    _shrink_aliased(data, getattr(type(config), "attribute_map", {}), dims)
+                max_layers=max_layers, min_per_kind=_MIN_PER_KIND.get(config.model_type, 1))
+    attribute_map = getattr(type(config), "attribute_map", {})
+
+    def sizes() -> dict:  # the model's own sizes, for sub-configs that repeat them
+        return {name: data.get(name, data.get(attribute_map.get(name, name)))
+                for name in _CANONICAL}
+
+    before = sizes()
+    _shrink_aliased(data, attribute_map, dims)
+    after = sizes()
+    _shrink_sub_configs(data, before, after, dims)
     text = getattr(config, "text_config", None)
     if isinstance(data.get("text_config"), dict):
         _shrink_aliased(data["text_config"], getattr(type(text), "attribute_map", {}), dims)
@@ -40,6 +54,38 @@ def shrink_config(config, *, hidden: int, heads: int, intermediate: int, vocab: 
     small._experts_implementation = config._experts_implementation
     small._attn_implementation = config._attn_implementation
     return small
+
+
+def _as_loaded_layout(data: dict, config) -> None:
+    """Dory's to_dict writes the released layout (each layer as an attention and an "mlp" block,
+    every layer count doubled) that __post_init__ halves on load: shrink the loaded layout, which
+    from_dict takes as it is, so the shrunk counts are never halved (nor the pairs broken)."""
+    loaded = getattr(config, "layer_types", None)
+    if not isinstance(loaded, list) or not isinstance(data.get("layer_types"), list) \
+            or loaded == data["layer_types"]:
+        return
+    data["layer_types"] = list(loaded)
+    for key, value in list(data.items()):
+        if "layers" in key and isinstance(value, int) and not isinstance(value, bool):
+            data[key] = getattr(config, key, value)
+
+
+def _shrink_sub_configs(data: dict, before: dict, after: dict, dims: dict) -> None:
+    """Sub-configs as dicts (DBRX's attn_config and ffn_config): one that sizes the same
+    residual stream (its hidden_size is the model's) is shrunk by the same rules; a head count
+    the model takes from one (DBRX's kv_n_heads) follows the model's, so the two still agree."""
+    for key, sub in data.items():
+        if not (key.endswith("_config") and key != "text_config" and isinstance(sub, dict)):
+            continue
+        if before["hidden_size"] and sub.get("hidden_size") == before["hidden_size"]:
+            _shrink_aliased(sub, {}, dims)
+        for name, value in sub.items():
+            if not isinstance(value, int) or isinstance(value, bool) or "heads" not in name:
+                continue
+            kv = "kv" in name or "key_value" in name
+            for size in ("num_key_value_heads",) if kv else ("num_attention_heads",):
+                if before[size] == value and isinstance(after[size], int):
+                    sub[name] = after[size]
 
 
 def _rederived(small, original):
@@ -60,17 +106,23 @@ def _rederived(small, original):
         except Exception:  # noqa: BLE001 - a class that needs the field: not derived
             return None
 
+    def get(config, key: str):
+        try:
+            return getattr(config, key, None)
+        except Exception:  # noqa: BLE001 - a per-layer attribute (Dots-3) refuses a global read
+            return None
+
     derived = set()
     for key, value in shrunk.items():
         if key.startswith("_") or before.get(key) != value or isinstance(value, bool) \
                 or not isinstance(value, (int, float, list)):
             continue  # changed by the shrink, or not a size
         probe = without(before, {key})
-        if probe is not None and getattr(probe, key, None) == value:
+        if probe is not None and get(probe, key) == value:
             derived.add(key)  # what the class computes when it is left out
     again = without(shrunk, derived) if derived else None
     for key in derived if again is not None else ():
-        value = getattr(again, key, None)
+        value = get(again, key)
         if value is not None and value != shrunk[key]:
             setattr(small, key, value)
     return small
@@ -85,7 +137,7 @@ def _shrink_aliased(d: dict, attribute_map: dict, dims: dict) -> None:
     _shrink(d, **dims)
     for name, alias in renamed.items():
         d[alias] = d.pop(name)
-    _shrink_extras(d, **dims)
+    _shrink_extras(d, **{k: v for k, v in dims.items() if k != "min_per_kind"})
 
 
 def _shrink_extras(d: dict, *, hidden, heads, intermediate, vocab, max_layers) -> None:
@@ -142,9 +194,10 @@ def _shrink_ssm_heads(d: dict, hidden: int) -> None:
             d[groups_key] = math.gcd(d[n_key], d[groups_key])
 
 
-def _shrink(d: dict, *, hidden, heads, intermediate, vocab, max_layers) -> None:
+def _shrink(d: dict, *, hidden, heads, intermediate, vocab, max_layers, min_per_kind=1) -> None:
     old_layers = d.get("num_hidden_layers")
     original = dict(d)  # top-level sizes before, for per-layer overrides
+    _shrink_hidden_splits(d, hidden)
     if d.get("num_attention_heads"):
         ratio = max(1, d["num_attention_heads"] // (d.get("num_key_value_heads") or
                                                     d["num_attention_heads"]))
@@ -163,7 +216,7 @@ def _shrink(d: dict, *, hidden, heads, intermediate, vocab, max_layers) -> None:
         if "qk_head_dim" in d:
             d["qk_head_dim"] = head_dim + 8
         if d.get("head_dim") is not None:
-            d["head_dim"] = 8
+            d["head_dim"] = 8  # the rotary width (DeepSeek); _mla_head_dim below for the others
     elif d.get("head_dim") is not None:
         d["head_dim"] = head_dim
     _shrink_rope_lists(d, d.get("head_dim") or head_dim)
@@ -185,7 +238,40 @@ def _shrink(d: dict, *, hidden, heads, intermediate, vocab, max_layers) -> None:
             elif isinstance(d[key], list):
                 d[key] = [i for i in d[key] if not isinstance(i, int) or i < vocab] or None
     if isinstance(old_layers, int):
-        _shrink_layers(d, old_layers, max_layers, original)
+        _shrink_layers(d, old_layers, max_layers, original, min_per_kind)
+    if "qk_rope_head_dim" in d and d.get("head_dim") is not None:
+        d["head_dim"] = _mla_head_dim(d, original)
+
+
+def _shrink_hidden_splits(d: dict, hidden: int) -> None:
+    """Lists of sizes that split the hidden size (Reformer's axial_pos_embds_dim, which must sum
+    to it): the same shares of the new one."""
+    was = d.get("hidden_size")
+    for key, value in d.items():
+        if "dim" in key and isinstance(was, int) and isinstance(value, list) and len(value) > 1 \
+                and all(isinstance(v, int) and v > 0 for v in value) and sum(value) == was:
+            parts = [max(1, v * hidden // was) for v in value]
+            parts[-1] += hidden - sum(parts)
+            d[key] = parts
+
+
+def _mla_head_dim(d: dict, original: dict) -> int:
+    """MLA's head_dim is one of its query/key widths: the rotary part alone (DeepSeek), or the
+    rotary plus the non-rotary part, of the model or of the layers a per-layer override gives
+    their own width (Dots-3's sliding layers, validated so): the same one, shrunk."""
+    def qk(c: dict, base: dict) -> int:
+        return c.get("qk_nope_head_dim", base.get("qk_nope_head_dim", 0)) + \
+            c.get("qk_rope_head_dim", base.get("qk_rope_head_dim", 0))
+
+    was = original.get("head_dim")
+    if was == qk(original, original):
+        return qk(d, d)
+    overrides = original.get("per_layer_config")
+    for override in overrides.values() if isinstance(overrides, dict) else ():
+        if isinstance(override, dict) and "head_dim" not in override \
+                and was == qk(override, original):
+            return qk(_shrunk_override(d, original, override), d)
+    return d["head_dim"]
 
 
 def _shrink_rope_lists(d: dict, head_dim: int) -> None:
@@ -214,10 +300,12 @@ def _shrink_experts(d: dict) -> None:
     d[key] = min(d[key], experts)
 
 
-def _shrink_layers(d: dict, old: int, max_layers: int, original: dict) -> None:
+def _shrink_layers(d: dict, old: int, max_layers: int, original: dict,
+                   min_per_kind: int = 1) -> None:
     n = 2
-    if isinstance(d.get("first_k_dense_replace"), int) and d["first_k_dense_replace"] > 0:
-        d["first_k_dense_replace"] = 1  # layer 0 dense, layer 1 MoE
+    for key in ("first_k_dense_replace", "num_dense_layers"):  # LFM2-MoE's, AFMoE's name
+        if isinstance(d.get(key), int) and d[key] > 0:
+            d[key] = 1  # layer 0 dense, layer 1 MoE
     for key in _PERIOD_KEYS:
         if isinstance(d.get(key), int) and d[key] > 1:
             n = max(n, d[key])
@@ -228,7 +316,9 @@ def _shrink_layers(d: dict, old: int, max_layers: int, original: dict) -> None:
         d["mlp_only_layers"] = [0]
     old_types = d["layer_types"] if isinstance(d.get("layer_types"), list) else []
     kinds = list(dict.fromkeys(old_types))
-    n = max(n, len(kinds))
+    n = max(n, min_per_kind * len(kinds))
+    parts = _layer_partition(d, old)
+    n = max(n, len(parts))
     if isinstance(d.get("num_kv_shared_layers"), int) and d["num_kv_shared_layers"] > 0:
         # the last layers reuse earlier layers' KV cache: each kind must come before them too
         n = max(n, 2 * len(kinds))
@@ -243,7 +333,28 @@ def _shrink_layers(d: dict, old: int, max_layers: int, original: dict) -> None:
         d["layer_types"] = new_types
     _remap_layer_indices(d, old, n, old_types, new_types, skip=set(per_layer),
                          original=original)
+    if parts:
+        d.update(zip(parts, _split(n, [d[k] for k in parts])))
     d["num_hidden_layers"] = n
+
+
+def _layer_partition(d: dict, old: int) -> list[str]:
+    """Counts of consecutive layer sections that the config checks sum to the layer count
+    (Dory's n_input_layers + n_recurrent_layers + n_output_layers)."""
+    keys = [k for k, v in d.items() if k != "num_hidden_layers" and k.endswith("_layers")
+            and k.startswith(("n_", "num_")) and isinstance(v, int) and not isinstance(v, bool)
+            and v > 0]
+    return keys if len(keys) > 1 and sum(d[k] for k in keys) == old else []
+
+
+def _split(n: int, sizes: list[int]) -> list[int]:
+    """n split in the proportions of sizes, each part at least 1 (n >= len(sizes))."""
+    total = sum(sizes)
+    parts = [max(1, s * n // total) for s in sizes]
+    while sum(parts) != n:  # the rounding, given to (or taken from) the largest part
+        i = parts.index(max(parts))
+        parts[i] += 1 if sum(parts) < n else -1
+    return parts
 
 
 def _remap_layer_indices(d: dict, old: int, n: int, old_types: list, new_types: list, *,

@@ -65,8 +65,8 @@ def tiny_config(model_type: str, *, max_positions: int | None = MAX_POSITIONS, *
             config = AutoConfig.for_model(model_type)
     except ImportError as exc:
         raise Unbuildable(f"needs a package not installed ({first_line(exc)})") from None
-    except Exception as exc:
-        raise Unbuildable(f"config fails: {first_line(exc)}") from None
+    except Exception as exc:  # the default itself: transformers' own bug
+        raise Unbuildable(f"default config fails (transformers): {first_line(exc)}") from None
     if getattr(config, "is_encoder_decoder", False):
         raise Unbuildable("encoder-decoder")
     towers = [k for k in _TOWERS if getattr(config, k, None) is not None]
@@ -75,6 +75,7 @@ def tiny_config(model_type: str, *, max_positions: int | None = MAX_POSITIONS, *
                           "tower the text shrink does not size")
     try:
         with _quiet():
+            _fill_unset(config)
             small = shrink_config(config, **{**DIMS, **dims})
     except Exception as exc:
         raise Unbuildable(f"shrink fails: {first_line(exc)}") from None
@@ -113,7 +114,7 @@ def build_tiny(model_type: str, folder: Path, *, tokenizer_from: Path, dtype: st
     except ImportError as exc:
         raise Unbuildable(f"needs a package not installed ({first_line(exc)})") from None
     except Exception as exc:
-        raise Unbuildable(f"class fails to build: {first_line(exc)}") from None
+        raise Unbuildable(_build_failure(model_type, model_class, exc)) from None
     folder = Path(folder)
     shutil.rmtree(folder, ignore_errors=True)
     try:
@@ -125,6 +126,22 @@ def build_tiny(model_type: str, folder: Path, *, tokenizer_from: Path, dtype: st
     for name in TOKENIZER_FILES:
         shutil.copy(Path(tokenizer_from) / name, folder / name)
     return TinyCheckpoint(folder, model_type, class_name, tensor_elements(folder))
+
+
+def _build_failure(model_type: str, model_class, exc: Exception) -> str:
+    """Why the class does not build from the tiny config: the shrink's fault, unless transformers'
+    own default config (unshrunk, on the meta device) fails the same way."""
+    import torch
+    from transformers import AutoConfig
+
+    try:
+        with _quiet(), torch.device("meta"):
+            model_class._from_config(AutoConfig.for_model(model_type))
+    except Exception as default_exc:  # noqa: BLE001 - any failure of the default is its own
+        if type(default_exc) is type(exc):
+            return f"default config fails (transformers; its class does not build either): " \
+                   f"{first_line(exc)}"
+    return f"class fails to build: {first_line(exc)}"
 
 
 def tensor_elements(folder: Path) -> int:
@@ -143,14 +160,64 @@ def tensor_elements(folder: Path) -> int:
     return total
 
 
+# What every release of the family sets where the class's default leaves None (or {}), so its
+# class cannot build: filled on the full-size default, before the shrink sizes it. Each value is
+# the family's published one (the config docstrings and released config.json files).
+_RELEASED = {
+    # dots.llm1 (base and inst): 128 routed experts, 6 of them per token, 2 shared
+    "dots1": dict(n_routed_experts=128, num_experts_per_tok=6, n_shared_experts=2),
+    # Qwen4-Exp's QSA indexer (its full-attention layers are all "indexed_attention"); one key
+    # head is what the class validates; budget 2048 tokens in blocks of 4, as released
+    "qwen4_exp_text": dict(indexer_n_heads=4, indexer_kv_heads=1, indexer_head_dim=128,
+                           indexer_budget=2048, indexer_compress_ratio=4),
+    # North (Cohere Compass): RoPE is per layer type; its full-attention layers have none (NoPE,
+    # an explicit None), its sliding layers interleaved M-RoPE. Only the types in use are filled.
+    "cohere_compass_text": dict(rope_parameters={
+        "full_attention": None,
+        "sliding_attention": {"rope_type": "default", "rope_theta": 50000.0,
+                              "mrope_section": [24, 20, 20], "mrope_interleaved": True}}),
+}
+# LFM2-MoE's hybrid layout: short-conv layers with a full-attention layer about every fourth
+# (LFM2-8B-A1B: attention at layers 2, 6, 10, 14, 18, 21 of 24); the shrink keeps both kinds.
+_LFM2_PERIOD = ("conv", "conv", "full_attention", "conv")
+
+
+def _fill_unset(config) -> None:
+    """Fields transformers' default config leaves unset although every release sets them (its
+    class then does not build even unshrunk): the released value, or one derived from the
+    config's own fields, never one that changes the architecture."""
+    text = config.get_text_config()
+    for key, value in _RELEASED.get(text.model_type, {}).items():
+        if _read(text, key) in (None, {}):
+            if key == "rope_parameters":  # per layer type: the entries of the types in use
+                value = {kind: value[kind] for kind in dict.fromkeys(text.layer_types)}
+            setattr(text, key, value)
+    rope = _read(text, "rope_parameters")
+    rope = rope if isinstance(rope, dict) else {}
+    rotary = int((_read(text, "head_dim") or 0) * rope.get("partial_rotary_factor", 1))
+    if isinstance(_read(text, "indexer_head_dim"), int) and rotary > text.indexer_head_dim:
+        # the index heads take the attention's rotary dims (validated): released 64 of 128 at
+        # partial_rotary_factor 0.25, the default's full rotary needs its whole head_dim
+        text.indexer_head_dim = rotary
+    if text.model_type == "lfm2_moe" and text.layer_types is None:
+        text.layer_types = [_LFM2_PERIOD[i % len(_LFM2_PERIOD)]
+                            for i in range(text.num_hidden_layers)]
+    # DBRX: released attn_configs carry rope_theta, which the attention only stores (its rotary
+    # reads the top-level rope_parameters): the same theta, so the two agree. They also clip
+    # q/k/v at 8 (clip_qkv); the forward clamps with it unconditionally, so None fails.
+    attn = _read(text, "attn_config")
+    theta = rope.get("rope_theta")
+    if attn is not None and not hasattr(attn, "rope_theta") and theta is not None:
+        attn.rope_theta = theta
+    if text.model_type == "dbrx" and attn is not None and attn.clip_qkv is None:
+        attn.clip_qkv = 8
+
+
 def _fill_defaults(config, max_positions: int | None) -> None:
     """Fields some classes' defaults leave None although every release sets them (transformers
     then cannot build its own default); BERT-like classes are causal only as decoders."""
     def get(target, name):
-        try:
-            return getattr(target, name, 0)
-        except Exception:  # per-layer attributes (Gemma-4) refuse a global read
-            return 0
+        return _read(target, name, 0)
 
     for target in {id(c): c for c in (config, config.get_text_config())}.values():
         heads = get(target, "num_attention_heads")
@@ -166,6 +233,13 @@ def _fill_defaults(config, max_positions: int | None) -> None:
         positions = get(target, "max_position_embeddings")
         if max_positions and isinstance(positions, int) and positions > max_positions:
             target.max_position_embeddings = max_positions
+
+
+def _read(target, name: str, default=None):
+    try:
+        return getattr(target, name, default)
+    except Exception:  # per-layer attributes (Gemma-4) refuse a global read
+        return default
 
 
 def _set_special_ids(config) -> None:

@@ -55,6 +55,89 @@ def test_shrink_sizes_what_the_class_derives(model_type, check):
     assert small.hidden_size == 64 and check(small), small.to_dict()
 
 
+@pytest.mark.parametrize("model_type, check", [
+    # sections that must sum to the layer count (input + recurrent + output) still do
+    ("dory", lambda c: c.n_input_layers + c.n_recurrent_layers + c.n_output_layers
+     == c.num_hidden_layers <= 8 and "mlp" not in c.layer_types),
+    # the sliding layers' MLA head_dim is their own qk_nope + qk_rope widths, as validated
+    ("dots3_note_text", lambda c: c.per_layer_config["sliding_attention"].head_dim
+     == c.per_layer_config["sliding_attention"].qk_nope_head_dim + c.qk_rope_head_dim),
+    # axial position embedding widths still sum to the hidden size
+    ("reformer", lambda c: sum(c.axial_pos_embds_dim) == c.hidden_size),
+    # two hybrid layers: one's shared block is tied to the other's
+    ("zamba", lambda c: c.layers_block_type.count("hybrid") >= 2),
+])
+def test_shrunk_config_builds_its_class(model_type, check):
+    """Sizes the config validates against each other stay consistent: the class constructs."""
+    import transformers
+
+    from day0.torchkit.tiny import causal_lm_types, tiny_config
+
+    small = tiny_config(model_type)
+    assert small.hidden_size == 64 and check(small), small.to_dict()
+    with torch.device("meta"):
+        getattr(transformers, causal_lm_types()[model_type])._from_config(small)
+
+
+def test_shrink_follows_sub_configs():
+    """DBRX sizes attention and FFN in sub-configs: their widths, experts and KV heads follow."""
+    from transformers import DbrxConfig, DbrxForCausalLM
+
+    release = DbrxConfig(d_model=6144, n_heads=48, n_layers=40, vocab_size=100352,
+                         attn_config={"kv_n_heads": 8, "clip_qkv": 8, "rope_theta": 5e5},
+                         ffn_config={"hidden_size": 6144, "ffn_hidden_size": 10752,
+                                     "moe_num_experts": 16, "moe_top_k": 4})
+    small = shrink_config(release, hidden=64, heads=4, intermediate=128, vocab=256, max_layers=8)
+    assert small.ffn_config.hidden_size == small.d_model == 64
+    assert small.attn_config.kv_n_heads == small.num_key_value_heads == 1
+    assert small.ffn_config.moe_top_k < small.ffn_config.moe_num_experts <= 16
+    with torch.device("meta"):
+        DbrxForCausalLM(small)
+
+
+@pytest.mark.parametrize("model_type, unfilled", [
+    ("gemma4_assistant", False),  # its default config fails its own validation
+    ("lfm2_moe", True),  # layer_types None: the class does not build from its default either
+])
+def test_default_config_that_does_not_build_is_blamed_on_transformers(tmp_path, monkeypatch,
+                                                                      model_type, unfilled):
+    """A class that does not build from its own unshrunk default is not the shrink's failure."""
+    from day0.torchkit import tiny
+
+    if unfilled:  # as transformers ships it, without the released values tiny fills in
+        monkeypatch.setattr(tiny, "_fill_unset", lambda config: None)
+    with pytest.raises(tiny.Unbuildable, match=r"^default config fails \(transformers"):
+        tiny.build_tiny(model_type, tmp_path / "tiny", tokenizer_from=tmp_path)
+
+
+@pytest.mark.parametrize("model_type, check", [
+    # full-attention layers without RoPE (NoPE), as North's releases
+    ("cohere_compass_text", lambda c: c.rope_parameters == {"full_attention": None}),
+    # the attention sub-config's stored theta is the model's; q/k/v clipped as released
+    ("dbrx", lambda c: c.attn_config.rope_theta == c.rope_parameters["rope_theta"]
+     and c.attn_config.clip_qkv == 8),
+    # routed and shared experts, top-k below the (shrunk) expert count
+    ("dots1", lambda c: 0 < c.num_experts_per_tok < c.n_routed_experts and c.n_shared_experts),
+    # the hybrid layout: a dense conv layer, then an MoE attention layer
+    ("lfm2_moe", lambda c: c.layer_types == ["conv", "full_attention"]
+     and c.num_dense_layers == 1),
+    # the QSA indexer, its head wide enough for the attention's rotary dims
+    ("qwen4_exp_text", lambda c: c.indexer_kv_heads == 1 and c.indexer_head_dim >= c.head_dim
+     and c.indexer_budget % c.indexer_compress_ratio == 0),
+])
+def test_released_values_fill_what_the_default_leaves_unset(model_type, check):
+    """Defaults that leave a field every release sets unset (the class does not build even
+    unshrunk) get the released value: the tiny config builds its class."""
+    import transformers
+
+    from day0.torchkit.tiny import causal_lm_types, tiny_config
+
+    small = tiny_config(model_type)
+    assert check(small), small.to_dict()
+    with torch.device("meta"):
+        getattr(transformers, causal_lm_types()[model_type])._from_config(small)
+
+
 def test_cpu_fallback_keeps_dtype_and_in_place_semantics():
     x = torch.randn(4, 4, dtype=torch.bfloat16)
     y = torch.randn(4, 4, dtype=torch.bfloat16)
