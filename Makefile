@@ -16,10 +16,11 @@ DAY0_IMAGE  ?= day0:local
 
 install: $(STAMP)
 
+# scripts/pip_install.py: through uv with pip's own settings (~20 s instead of ~4 min), pip if not.
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet torch==2.13.0 $(TORCH_ARGS)
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) scripts/pip_install.py $(PY) --quiet torch==2.13.0 $(TORCH_ARGS)
+	$(PY) scripts/pip_install.py $(PY) --quiet -e '.[test]'
 	touch $(STAMP)
 
 # One Prefect server (PREFECT_HOME under day0's cache dir) for every fixture, then stopped.

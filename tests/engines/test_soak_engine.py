@@ -43,12 +43,27 @@ def gates_of(result):
     return {g.id: g for g in judged if g.metric.startswith("soak.")}
 
 
-def with_fault(fault: str):
+@pytest.fixture(scope="module")
+def faulty_engine(tmp_path_factory):
+    """One engine for the fault tests: the plugin reads the fault in force from a file, so each
+    test switches its own on (and off after) instead of starting an engine of its own (~40 s)."""
     from day0.engines.process import launched
 
+    fault_file = tmp_path_factory.mktemp("vllm-fault") / "fault"
+    fault_file.write_text("")
     target = engine_target(env={**engine_target().engine.env, "PYTHONPATH": str(FAULTS),
-                                "DAY0_VLLM_FAULT": fault})
-    return target, launched(target.engine, TINY_LLAMA, "bfloat16", name=fault)
+                                "DAY0_VLLM_FAULT_FILE": str(fault_file)})
+    with launched(target.engine, TINY_LLAMA, "bfloat16", name="faults") as running:
+        yield target, running.endpoint, fault_file
+
+
+def soak_with_fault(faulty_engine, fault: str):
+    target, endpoint, fault_file = faulty_engine
+    fault_file.write_text(fault)
+    try:
+        return soak(endpoint, target, boundaries=False)
+    finally:
+        fault_file.write_text("")
 
 
 def test_a_correct_engine_passes_every_soak_gate(tiny_llama_engine):
@@ -64,10 +79,8 @@ def test_a_correct_engine_passes_every_soak_gate(tiny_llama_engine):
     assert result.probes and not any(p.changed for p in result.probes)
 
 
-def test_an_engine_leaking_per_request_fails_the_leak_gates_with_their_interval():
-    target, engine = with_fault("leak:1048576")
-    with engine as running:
-        result = soak(running.endpoint, target, boundaries=False)
+def test_an_engine_leaking_per_request_fails_the_leak_gates_with_their_interval(faulty_engine):
+    result = soak_with_fault(faulty_engine, "leak:1048576")
     judged = gates_of(result)
     gate = judged["soak-memory-leak-per-request"]
     assert not gate.passed, gate.reason
@@ -79,10 +92,8 @@ def test_an_engine_leaking_per_request_fails_the_leak_gates_with_their_interval(
     assert not hourly.applicable and "min_hourly_s" in hourly.reason
 
 
-def test_an_engine_whose_outputs_turn_to_nan_fails_the_probe_gate():
-    target, engine = with_fault("nan_after:400")
-    with engine as running:
-        result = soak(running.endpoint, target, boundaries=False)
+def test_an_engine_whose_outputs_turn_to_nan_fails_the_probe_gate(faulty_engine):
+    result = soak_with_fault(faulty_engine, "nan_after:400")
     judged = gates_of(result)
     assert not judged["soak-probes-unchanged"].passed, judged["soak-probes-unchanged"].reason
     assert any(p.changed for p in result.probes)
