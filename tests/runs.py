@@ -17,5 +17,5 @@ def wait_final(run_id, timeout_s: float = 900):
             run = client.read_flow_run(run_id)
             if run.state and run.state.is_final():
                 return run
-            time.sleep(2)
+            time.sleep(0.5)  # a local server: polling is cheap, waiting is not
     pytest.fail(f"flow run {run_id} not final after {timeout_s} s")
