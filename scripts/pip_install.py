@@ -50,7 +50,10 @@ def uv_command(python: str, args: list[str]) -> tuple[list[str], dict[str, str]]
         if got.returncode or not os.path.exists(uv):
             return None
     settings = pip_config(python)
-    argv = [uv, "pip", "install", "--python", python, "--index-strategy", "unsafe-best-match"]
+    # --compile-bytecode: pip writes .pyc at install time, uv does not by default; without them
+    # every fresh process (PYTHONDONTWRITEBYTECODE set, or a read-only image) compiles the stack
+    argv = [uv, "pip", "install", "--python", python, "--index-strategy", "unsafe-best-match",
+            "--compile-bytecode"]
     given = " ".join(args)
     for key, flag in FLAGS.items():
         if key == "index-url" and ("--index-url" in given or "--no-index" in given):
