@@ -309,6 +309,17 @@ def _shrink_layers(d: dict, old: int, max_layers: int, original: dict,
     for key in _PERIOD_KEYS:
         if isinstance(d.get(key), int) and d[key] > 1:
             n = max(n, d[key])
+    # Jamba places kinds by offset and period; a config that also lists each layer's kind
+    # (Zamba's layers_block_type) follows its list
+    listed = any(isinstance(v, list) and len(v) == old and all(isinstance(x, str) for x in v)
+                 for v in d.values())
+    for key in [k for k in d if k.endswith("_layer_offset") and not listed]:
+        period = d.get(key.removesuffix("offset") + "period")
+        if isinstance(d[key], int) and isinstance(period, int) and 0 <= d[key] < period:
+            if d[key] >= max_layers:  # its first place out of reach: the same kind, sooner
+                d[key] = max_layers - 1
+                d[key.removesuffix("offset") + "period"] = max_layers
+            n = max(n, d[key] + 1)
     for key in _PATTERN_KEYS:  # enough layers to reach each kind's first place in the pattern
         if isinstance(d.get(key), list) and d[key]:
             n = max(n, max(d[key].index(kind) for kind in d[key]) + 1)

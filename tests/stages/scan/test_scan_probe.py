@@ -66,6 +66,9 @@ def test_shrink_sizes_what_the_class_derives(model_type, check):
     ("reformer", lambda c: sum(c.axial_pos_embds_dim) == c.hidden_size),
     # two hybrid layers: one's shared block is tied to the other's
     ("zamba", lambda c: c.layers_block_type.count("hybrid") >= 2),
+    # kinds placed by offset and period (attention at layer 4 of every 8): each one kept
+    ("jamba", lambda c: {"attention", "mamba"} <= set(c.layers_block_type)
+     and any(c.layers_num_experts[i] > 1 for i in range(c.num_hidden_layers))),
 ])
 def test_shrunk_config_builds_its_class(model_type, check):
     """Sizes the config validates against each other stay consistent: the class constructs."""
