@@ -9,6 +9,8 @@ ERROR, never a worker exhausted by one oversized checkpoint.
 
 from __future__ import annotations
 
+import math
+
 import os
 from functools import lru_cache
 from pathlib import Path
@@ -234,7 +236,8 @@ def derive(stage: str, target: Target, params: int | None, *, reference: Target 
         memory_basis = size + (f" and {extra:.1f} GiB for its context" if extra >= 0.05 else "")
         host = host_memory_gib()
         if host and memory > host * factors.host_memory_fraction:
-            memory = round(host * factors.host_memory_fraction, 2)
+            # rounded down: a cap rounded up would exceed the fraction it promises
+            memory = math.floor(host * factors.host_memory_fraction * 100) / 100
             memory_basis += f", capped at {factors.host_memory_fraction:.0%} of this host's memory"
     if timeout_s:
         timeout, timeout_basis = float(timeout_s), timeout_from
