@@ -161,13 +161,15 @@ def tensor_elements(folder: Path) -> int:
 
 
 # What every release of the family sets where the class's default leaves None (or {}), so its
-# class cannot build: filled on the full-size default, before the shrink sizes it. Each value is
-# the family's published one (the config docstrings and released config.json files).
+# class cannot build: filled on the full-size default, before the shrink sizes it. The values
+# are the families' released ones where known (dots1, DBRX's clip_qkv), else valid ones;
+# Cohere Compass's sliding theta is Cohere's sliding-layer base (Command A), which transformers'
+# code does not state: a tiny random checkpoint needs a valid theta, not the exact one.
 _RELEASED = {
     # dots.llm1 (base and inst): 128 routed experts, 6 of them per token, 2 shared
     "dots1": dict(n_routed_experts=128, num_experts_per_tok=6, n_shared_experts=2),
-    # Qwen4-Exp's QSA indexer (its full-attention layers are all "indexed_attention"); one key
-    # head is what the class validates; budget 2048 tokens in blocks of 4, as released
+    # Qwen4-Exp's QSA indexer (it enables QSA on the full-attention layers): one key head, as
+    # the class requires; transformers states no other size, so these are small valid ones
     "qwen4_exp_text": dict(indexer_n_heads=4, indexer_kv_heads=1, indexer_head_dim=128,
                            indexer_budget=2048, indexer_compress_ratio=4),
     # North (Cohere Compass): RoPE is per layer type; its full-attention layers have none (NoPE,
