@@ -106,26 +106,28 @@ def _rederived(small, original):
         except Exception:  # noqa: BLE001 - a class that needs the field: not derived
             return None
 
-    def get(config, key: str):
-        try:
-            return getattr(config, key, None)
-        except Exception:  # noqa: BLE001 - a per-layer attribute (Dots-3) refuses a global read
-            return None
-
     derived = set()
     for key, value in shrunk.items():
         if key.startswith("_") or before.get(key) != value or isinstance(value, bool) \
                 or not isinstance(value, (int, float, list)):
             continue  # changed by the shrink, or not a size
         probe = without(before, {key})
-        if probe is not None and get(probe, key) == value:
+        if probe is not None and read_attribute(probe, key) == value:
             derived.add(key)  # what the class computes when it is left out
     again = without(shrunk, derived) if derived else None
     for key in derived if again is not None else ():
-        value = get(again, key)
+        value = read_attribute(again, key)
         if value is not None and value != shrunk[key]:
             setattr(small, key, value)
     return small
+
+
+def read_attribute(config, name: str, default=None):
+    """getattr that a config refusing a global read answers with the default."""
+    try:
+        return getattr(config, name, default)
+    except Exception:  # noqa: BLE001 - per-layer attributes (Dots-3, Gemma-4) refuse a global read
+        return default
 
 
 def _shrink_aliased(d: dict, attribute_map: dict, dims: dict) -> None:

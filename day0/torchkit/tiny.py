@@ -14,7 +14,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from day0.torchkit.shrink import EXPERT_COUNT_KEYS, shrink_config
+from day0.torchkit.shrink import EXPERT_COUNT_KEYS, read_attribute, shrink_config
 
 DIMS = dict(hidden=64, heads=4, intermediate=128, vocab=512, max_layers=8)
 # The fixtures' context: alignment evaluates windows of max_position_embeddings tokens (up to
@@ -186,18 +186,19 @@ _LFM2_PERIOD = ("conv", "conv", "full_attention", "conv")
 
 def _fill_unset(config) -> None:
     """Fields transformers' default config leaves unset although every release sets them (its
-    class then does not build even unshrunk): the released value, or one derived from the
-    config's own fields, never one that changes the architecture."""
+    class then does not build even unshrunk): the released value where it is known, otherwise a
+    valid one or one derived from the config's own fields, never one that changes the
+    architecture."""
     text = config.get_text_config()
     for key, value in _RELEASED.get(text.model_type, {}).items():
-        if _read(text, key) in (None, {}):
+        if read_attribute(text, key) in (None, {}):
             if key == "rope_parameters":  # per layer type: the entries of the types in use
                 value = {kind: value[kind] for kind in dict.fromkeys(text.layer_types)}
             setattr(text, key, value)
-    rope = _read(text, "rope_parameters")
+    rope = read_attribute(text, "rope_parameters")
     rope = rope if isinstance(rope, dict) else {}
-    rotary = int((_read(text, "head_dim") or 0) * rope.get("partial_rotary_factor", 1))
-    if isinstance(_read(text, "indexer_head_dim"), int) and rotary > text.indexer_head_dim:
+    rotary = int((read_attribute(text, "head_dim") or 0) * rope.get("partial_rotary_factor", 1))
+    if isinstance(read_attribute(text, "indexer_head_dim"), int) and rotary > text.indexer_head_dim:
         # the index heads take the attention's rotary dims (validated): released 64 of 128 at
         # partial_rotary_factor 0.25, the default's full rotary needs its whole head_dim
         text.indexer_head_dim = rotary
@@ -207,7 +208,7 @@ def _fill_unset(config) -> None:
     # DBRX: released attn_configs carry rope_theta, which the attention only stores (its rotary
     # reads the top-level rope_parameters): the same theta, so the two agree. They also clip
     # q/k/v at 8 (clip_qkv); the forward clamps with it unconditionally, so None fails.
-    attn = _read(text, "attn_config")
+    attn = read_attribute(text, "attn_config")
     theta = rope.get("rope_theta")
     if attn is not None and not hasattr(attn, "rope_theta") and theta is not None:
         attn.rope_theta = theta
@@ -218,30 +219,20 @@ def _fill_unset(config) -> None:
 def _fill_defaults(config, max_positions: int | None) -> None:
     """Fields some classes' defaults leave None although every release sets them (transformers
     then cannot build its own default); BERT-like classes are causal only as decoders."""
-    def get(target, name):
-        return _read(target, name, 0)
-
     for target in {id(c): c for c in (config, config.get_text_config())}.values():
-        heads = get(target, "num_attention_heads")
-        if get(target, "head_dim") is None and heads:
+        heads = read_attribute(target, "num_attention_heads", 0)
+        if read_attribute(target, "head_dim", 0) is None and heads:
             target.head_dim = target.hidden_size // heads
-        if get(target, "num_key_value_heads") is None and heads:
+        if read_attribute(target, "num_key_value_heads", 0) is None and heads:
             target.num_key_value_heads = heads
-        if get(target, "num_experts_per_tok") is None and any(  # DeepSeek-V2's default
-                isinstance(get(target, k), int) for k in EXPERT_COUNT_KEYS):
+        experts = any(isinstance(read_attribute(target, k, 0), int) for k in EXPERT_COUNT_KEYS)
+        if read_attribute(target, "num_experts_per_tok", 0) is None and experts:  # DeepSeek-V2
             target.num_experts_per_tok = 2
-        if get(target, "is_decoder") is False:
+        if read_attribute(target, "is_decoder", 0) is False:
             target.is_decoder = True
-        positions = get(target, "max_position_embeddings")
+        positions = read_attribute(target, "max_position_embeddings", 0)
         if max_positions and isinstance(positions, int) and positions > max_positions:
             target.max_position_embeddings = max_positions
-
-
-def _read(target, name: str, default=None):
-    try:
-        return getattr(target, name, default)
-    except Exception:  # per-layer attributes (Gemma-4) refuse a global read
-        return default
 
 
 def _set_special_ids(config) -> None:

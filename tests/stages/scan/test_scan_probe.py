@@ -107,7 +107,7 @@ def test_default_config_that_does_not_build_is_blamed_on_transformers(tmp_path, 
     """A class that does not build from its own unshrunk default is not the shrink's failure."""
     from day0.torchkit import tiny
 
-    if unfilled:  # as transformers ships it, without the released values tiny fills in
+    if unfilled:  # as transformers ships it, without the values tiny fills in
         monkeypatch.setattr(tiny, "_fill_unset", lambda config: None)
     with pytest.raises(tiny.Unbuildable, match=r"^default config fails \(transformers"):
         tiny.build_tiny(model_type, tmp_path / "tiny", tokenizer_from=tmp_path)
@@ -128,9 +128,10 @@ def test_default_config_that_does_not_build_is_blamed_on_transformers(tmp_path, 
     ("qwen4_exp_text", lambda c: c.indexer_kv_heads == 1 and c.indexer_head_dim >= c.head_dim
      and c.indexer_budget % c.indexer_compress_ratio == 0),
 ])
-def test_released_values_fill_what_the_default_leaves_unset(model_type, check):
+def test_valid_values_fill_what_the_default_leaves_unset(model_type, check):
     """Defaults that leave a field every release sets unset (the class does not build even
-    unshrunk) get the released value: the tiny config builds its class."""
+    unshrunk) get a valid value: the released one where it is known (dots1, DBRX), otherwise
+    one the class accepts where transformers states none. The tiny config builds its class."""
     import transformers
 
     from day0.torchkit.tiny import causal_lm_types, tiny_config
