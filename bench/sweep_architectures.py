@@ -6,6 +6,8 @@ each model type (day0.torchkit.tiny), then `day0 analyze`, `day0 scan` and `day0
     python bench/sweep_architectures.py                       # all model types
     python bench/sweep_architectures.py --types llama,mamba2 --limit-s 60
     python bench/sweep_architectures.py --write-docs          # regenerate docs/architectures.md
+    python bench/sweep_architectures.py --types gemma3,llama4 --merge --write-docs
+                                    # rerun some types: their rows replace those of RESULTS below
 
 What is checked per type: analysis' params.total equals the element count of the saved
 tensors (safetensors headers); scan records ops; validate reaches a verdict (exit 0, 1, 3 or
@@ -34,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 TOKENIZER = ROOT / "tests" / "fixtures" / "models" / "tiny-llama"
 DOCS_PAGE = ROOT / "docs" / "architectures.md"
+RESULTS = ROOT / "bench" / "sweep_results.json"  # the docs table's rows, kept with it
 STAGES = "analysis,scan,alignment"
 TARGET = "cpu-bf16"
 from bench.sweep_table import EXIT_NAMES, REACHED, write_table  # noqa: E402
@@ -192,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"write the table to {DOCS_PAGE.relative_to(ROOT)}")
     parser.add_argument("--from-results", type=Path, metavar="RESULTS_JSON",
                         help="only write the table from an earlier (even unfinished) run")
+    parser.add_argument("--merge", action="store_true",
+                        help=f"rows of the types run replace theirs in "
+                             f"{RESULTS.relative_to(ROOT)}, which then holds the merged rows")
     args = parser.parse_args(argv)
     known = causal_lm_types()
     if args.from_results:
@@ -203,10 +209,16 @@ def main(argv: list[str] | None = None) -> int:
         out = (args.out or Path(tempfile.mkdtemp(prefix="day0-sweep-"))).resolve()
         out.mkdir(parents=True, exist_ok=True)
         meta = {"jobs": args.jobs, "limit_s": args.limit_s, "dtype": args.dtype,
-                "cpus": os.cpu_count(), "machine": platform.machine()}
+                "cpus": os.cpu_count(), "machine": platform.machine(),
+                "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
         rows = sweep(types, out, args, meta)
         args.from_results = out / "results.json"
+    if args.merge:
+        rows, meta = merged(rows, meta)
     meta.update(types_run=len(rows), types_known=len(known))
+    if args.write_docs or args.merge:
+        RESULTS.write_text(json.dumps({"meta": meta, "rows": sorted(rows, key=lambda r: r["type"])},
+                                      indent=1) + "\n")
     page = DOCS_PAGE if args.write_docs else args.from_results.parent / "architectures.md"
     summary = write_table(sorted(rows, key=lambda r: r["type"]), page, meta)
     print(f"\n{summary}\ntable: {page}\nresults: {args.from_results}")
@@ -235,6 +247,16 @@ def sweep(types: list[str], out: Path, args, meta: dict) -> list[dict]:
     finally:
         run(["server", "stop"], env, 120)
     return rows
+
+
+def merged(rows: list[dict], meta: dict) -> tuple[list[dict], dict]:
+    """The kept rows with those just run in their place; the header keeps the full sweep's
+    settings and counts the types run again since."""
+    kept = json.loads(RESULTS.read_text())
+    again = {r["type"] for r in rows}
+    kept_meta = kept["meta"]
+    kept_meta["rerun_types"] = sorted(again | set(kept_meta.get("rerun_types", [])))
+    return [r for r in kept["rows"] if r["type"] not in again] + rows, kept_meta
 
 
 def _load(path: Path, args) -> tuple[list[dict], dict]:

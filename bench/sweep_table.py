@@ -43,7 +43,8 @@ def summary_text(s: dict) -> str:
 def write_table(rows: list[dict], page: Path, meta: dict) -> str:
     s = summarise(rows)
     text = summary_text(s)
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = meta.get("when") or now  # the full sweep's; a merge (--merge) is dated below
     import transformers
 
     lines = [
@@ -57,7 +58,9 @@ def write_table(rows: list[dict], page: Path, meta: dict) -> str:
         "",
         "Each checkpoint is the model type's own default config shrunk by "
         "`day0.torchkit.tiny.build_tiny` (hidden 64, 4 heads, at most 8 layers keeping every "
-        f"layer kind, vocabulary 512, context 256), random {meta['dtype']} weights saved as "
+        "layer kind, vocabulary 512, context 256; a multimodal type's towers shrunk by the "
+        "same rules, or only its text part where its causal-LM class builds only that), "
+        f"random {meta['dtype']} weights saved as "
         "safetensors, and tiny-llama's tokenizer. Per type: `day0 analyze --json` (is "
         "`params.total` plus the persistent buffers it reports apart the element count of the "
         "saved tensors?), `day0 scan --json` (aten ops recorded) and `day0 validate --target "
@@ -76,11 +79,14 @@ def write_table(rows: list[dict], page: Path, meta: dict) -> str:
         "| failed gates | s | reason / bug |",
         "|---|---|--:|--:|:-:|--:|---|---|--:|---|",
     ]
-    if meta.get("rerun_after_fixes"):
-        lines.insert(-3, f"*{meta['rerun_after_fixes']} model types were run again "
-                         "(`--types`) after day0 fixes made during or after the sweep (those "
-                         "that did not PASS, and those whose tiny config a fix changed), and "
-                         "their rows replaced.*\n")
+    if meta.get("rerun_after_fixes") or meta.get("rerun_types"):
+        since = meta.get("rerun_types") or []
+        lines.insert(-3, f"*Rows run again (`--types`, `--merge`) after day0 fixes made during "
+                         "or after the sweep (those that did not PASS, and those whose tiny "
+                         f"config a fix changed), and replaced: {meta.get('rerun_after_fixes', 0)}"
+                         " in the first runs (not listed)"
+                         + (f", then {len(since)}: {', '.join(since)}" if since else "")
+                         + f"; last merged {now}.*\n")
     lines += [_row(r) for r in rows]
     lines += _investigated(rows)
     if meta["types_run"] < meta["types_known"]:
@@ -122,6 +128,7 @@ def _row(r: dict) -> str:
     why += [f"scan: {r['scan_error']}"] if r.get("scan_error") else []
     why += [f"{k}: {v}" for k, v in (r.get("stage_errors") or {}).items() if v]
     why += [f"validate: {r['validate_error']}"] if r.get("validate_error") else []
+    why += [r["reason"]] if r.get("reason") else []  # a row kept from the page before the JSON
     return (f"| {r['type']} | {cls} | {_num(r.get('analyze_total'))} | {_num(r.get('tensors'))} "
             f"| {exact} | {_num(r.get('scan_ops'))} | {verdict} "
             f"| {_gates(r.get('failed_gates') or [])} | {r['s']:.0f} | {_cell('; '.join(why))} |")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,12 @@ class ResolvedConfig:
     model_class: type
     notes: list[str] = field(default_factory=list)
     file: str = "config.json"
+
+    @property
+    def class_config(self):
+        """What model_class is built from (config_for_class): the text part for a class that
+        is a multimodal type's language model alone."""
+        return config_for_class(self.config, self.model_class)
 
 
 def resolve_config(data: dict, *, trust_remote_code: bool = False, file: str = "config.json"
@@ -73,6 +80,27 @@ def resolve_config(data: dict, *, trust_remote_code: bool = False, file: str = "
         raise InputError(f"'{model_type}' has no causal-LM class in transformers", file=file,
                          field="model_type", fix="day0 validates causal language models only")
     return ResolvedConfig(config, getattr(transformers, class_name), notes, file)
+
+
+def config_for_class(config, model_class):
+    """The config the class builds from: a multimodal type whose causal-LM class is its
+    language model alone (Emu3ForCausalLM, Llama4ForCausalLM) takes the text part, as
+    transformers' AutoModelForCausalLM hands it; any other config as it is."""
+    wanted = getattr(model_class, "config_class", None)
+    text = text_config(config)
+    if wanted is not None and text is not config and not isinstance(config, wanted) \
+            and isinstance(text, wanted):
+        return text
+    return config
+
+
+def text_config(config):
+    """The language model's config (config.get_text_config()); the config itself where
+    transformers finds no single one (several candidates raise there) or has no such method."""
+    try:
+        return config.get_text_config()
+    except Exception:  # noqa: BLE001 - ambiguous sub-configs (text_encoder and decoder)
+        return config
 
 
 def _type_for_architecture(arch: str, mapping) -> str:
@@ -125,7 +153,8 @@ def build_meta_model(resolved: ResolvedConfig, dtype=None):
         # torch warns about zero-sized tensors etc.: the config's problem, reported below or not at all
         with quiet_transformers(), torch.device("meta"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model = resolved.model_class._from_config(resolved.config, dtype=dtype or torch.bfloat16)
+            model = resolved.model_class._from_config(resolved.class_config,
+                                                      dtype=dtype or torch.bfloat16)
     except (ImportError, MemoryError):
         raise  # the environment, not the config
     except Exception as exc:  # on meta nothing but the config can make construction fail
@@ -182,7 +211,7 @@ def load_pretrained(source: str | Path, *, device: str = "cpu", dtype: str = "fl
     check_checkpoint(source, meta)
     with quiet_transformers():
         model = resolved.model_class.from_pretrained(
-            str(source), config=resolved.config, dtype=torch_dtype(dtype),
+            str(source), config=resolved.class_config, dtype=torch_dtype(dtype),
             trust_remote_code=trust_remote_code)
     return model.to(device).eval()
 
@@ -209,11 +238,19 @@ def decoder_layers(model) -> list:
         return list(layers)
     import torch
 
-    wanted = getattr(getattr(model, "config", None), "num_hidden_layers", None)
-    lists = [(name.count("."), name, module) for name, module in model.named_modules()
+    config = getattr(model, "config", None)
+    text = text_config(config)
+    wanted = getattr(text, "num_hidden_layers", None)
+    # a tower's blocks (an audio or vision encoder beside the language model) are never the
+    # decoder's, even at the same depth and count
+    lists = [(_TOWER_NAME.search(name) is not None, name.count("."), name, module)
+             for name, module in model.named_modules()
              if isinstance(module, torch.nn.ModuleList) and len(module) > 0]
-    fitting = [entry for entry in lists if len(entry[2]) == wanted] or lists
+    fitting = [entry for entry in lists if len(entry[3]) == wanted] or lists
     if not fitting:
         raise InputError(f"{type(model).__name__} has no list of decoder blocks",
                          fix="day0 supports decoder-only models whose blocks are a ModuleList")
-    return list(min(fitting, key=lambda entry: (entry[0], entry[1]))[2])
+    return list(min(fitting, key=lambda entry: entry[:3])[3])
+
+
+_TOWER_NAME = re.compile(r"(^|\.)(audio|vision|visual|image|speech|vq)[a-z_]*(\.|$)|tower")

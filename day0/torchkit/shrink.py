@@ -23,6 +23,11 @@ _CANONICAL = ("hidden_size", "num_attention_heads", "num_key_value_heads", "num_
 _PATTERN_KEYS = ("block_types",)
 # FFN widths no attribute_map names (None means "4 x hidden" and is left alone)
 _FFN_WIDTH_KEYS = ("n_inner", "dff", "ffn_dim", "ffn_hidden_size", "d_ff", "inner_size")
+# Sub-configs of a tower besides the language model (vision, audio, ...): shrunk by the same
+# rules on their own sizes, so a multimodal class builds tiny as a whole
+TOWER_KEYS = ("vision_config", "audio_config", "speech_config", "vq_config",
+              "depth_decoder_config", "encoder_config", "image_config", "audio_encoder_config",
+              "perceiver_config", "decoder_config", "global_config", "patcher_config")
 # Layers of each kind a class needs (default 1), where one layer of a kind does not build: Zamba
 # ties every hybrid layer's shared block to the first one's, and its tie pattern finds no second
 # one to tie. Not a property the config shows, hence by model type.
@@ -48,8 +53,14 @@ def shrink_config(config, *, hidden: int, heads: int, intermediate: int, vocab: 
     after = sizes()
     _shrink_sub_configs(data, before, after, dims)
     text = getattr(config, "text_config", None)
+    widths = (before["hidden_size"], after["hidden_size"])  # the language model's
     if isinstance(data.get("text_config"), dict):
+        text_hidden = data["text_config"].get("hidden_size")
         _shrink_aliased(data["text_config"], getattr(type(text), "attribute_map", {}), dims)
+        widths = (text_hidden, data["text_config"].get("hidden_size")) if text_hidden else widths
+    for key in TOWER_KEYS:
+        if isinstance(data.get(key), dict):
+            _shrink_tower(data[key], getattr(config, key, None), widths, dims)
     small = _rederived(type(config).from_dict(data), config)
     small._experts_implementation = config._experts_implementation
     small._attn_implementation = config._attn_implementation
@@ -86,6 +97,21 @@ def _shrink_sub_configs(data: dict, before: dict, after: dict, dims: dict) -> No
             for size in ("num_key_value_heads",) if kv else ("num_attention_heads",):
                 if before[size] == value and isinstance(after[size], int):
                     sub[name] = after[size]
+
+
+def _shrink_tower(sub: dict, tower, widths: tuple, dims: dict) -> None:
+    """A tower's own sizes shrunk by the same rules; a width that joins it to itself or to the
+    language model (Dots-3's adapter_in_dim and adapter_out_dim) follows the size it equals;
+    widths is the language model's hidden size before and after its shrink."""
+    own = sub.get("hidden_size")
+    _shrink_aliased(sub, getattr(type(tower), "attribute_map", {}), dims)
+    for name, value in list(sub.items()):
+        if name == "hidden_size" or not isinstance(value, int) or isinstance(value, bool):
+            continue
+        if own and value == own:
+            sub[name] = sub["hidden_size"]
+        elif widths[0] and value == widths[0]:
+            sub[name] = widths[1]
 
 
 def _rederived(small, original):

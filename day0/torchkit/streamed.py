@@ -122,7 +122,7 @@ class StreamedModel:
         self.dtype, self.device = torch_dtype(dtype), device
         try:
             with quiet_transformers(), _params_on_meta():
-                model = resolved.model_class._from_config(resolved.config, dtype=self.dtype)
+                model = resolved.model_class._from_config(resolved.class_config, dtype=self.dtype)
         except (ImportError, MemoryError):
             raise
         except Exception as exc:

@@ -14,7 +14,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from day0.torchkit.shrink import EXPERT_COUNT_KEYS, read_attribute, shrink_config
+from day0.checkpoint.modeling import config_for_class
+from day0.torchkit.shrink import EXPERT_COUNT_KEYS, TOWER_KEYS, read_attribute, shrink_config
 
 DIMS = dict(hidden=64, heads=4, intermediate=128, vocab=512, max_layers=8)
 # The fixtures' context: alignment evaluates windows of max_position_embeddings tokens (up to
@@ -23,11 +24,9 @@ MAX_POSITIONS = 256
 SPECIAL_IDS = dict(bos_token_id=0, eos_token_id=1, pad_token_id=2)  # tiny-llama's tokenizer
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 # A shrunk model above this still has a dimension shrink does not know: refuse it before
-# random init and save take minutes and gigabytes.
-MAX_PARAMS = 10_000_000
-# sub-configs that mean a tower besides the language model (shrink only knows text models)
-_TOWERS = ("vision_config", "audio_config", "speech_config", "vq_config", "depth_decoder_config",
-           "encoder_config", "image_config", "audio_encoder_config", "perceiver_config")
+# random init and save take minutes and gigabytes (Phi-4-multimodal's audio tower, whose
+# convolution widths no shrink rule names, leaves 11 M: still seconds).
+MAX_PARAMS = 20_000_000
 
 
 class Unbuildable(Exception):
@@ -69,10 +68,6 @@ def tiny_config(model_type: str, *, max_positions: int | None = MAX_POSITIONS, *
         raise Unbuildable(f"default config fails (transformers): {first_line(exc)}") from None
     if getattr(config, "is_encoder_decoder", False):
         raise Unbuildable("encoder-decoder")
-    towers = [k for k in _TOWERS if getattr(config, k, None) is not None]
-    if towers:
-        raise Unbuildable(f"multimodal: its class needs a {towers[0].removesuffix('_config')} "
-                          "tower the text shrink does not size")
     try:
         with _quiet():
             _fill_unset(config)
@@ -95,7 +90,8 @@ def build_tiny(model_type: str, folder: Path, *, tokenizer_from: Path, dtype: st
     if model_class is None:
         raise Unbuildable(f"no causal-LM class {class_name!r} in transformers (remote code?)")
     try:
-        config = tiny_config(model_type, max_positions=max_positions, **dims)
+        full = tiny_config(model_type, max_positions=max_positions, **dims)
+        config = config_for_class(full, model_class)
     except Unbuildable:
         raise
     except Exception as exc:  # never crash a sweep: whatever fails is this type's reason
@@ -104,10 +100,10 @@ def build_tiny(model_type: str, folder: Path, *, tokenizer_from: Path, dtype: st
     try:
         with _quiet():
             with torch.device("meta"):
-                count = sum(p.numel() for p in model_class._from_config(config).parameters())
+                meta = model_class._from_config(config)
+            count = sum(p.numel() for p in meta.parameters())
             if count > MAX_PARAMS:
-                raise Unbuildable(f"shrink leaves {count / 1e6:.0f} M parameters (a size field "
-                                  "it does not know)")
+                raise Unbuildable(_too_large(config, meta, count))
             model = model_class._from_config(config, dtype=getattr(torch, dtype))
     except Unbuildable:
         raise
@@ -120,6 +116,10 @@ def build_tiny(model_type: str, folder: Path, *, tokenizer_from: Path, dtype: st
     try:
         with _quiet():
             model.save_pretrained(folder, safe_serialization=True)
+            if config is not full and config.model_type not in causal_lm_types():
+                # a text part no auto class loads alone (mllama_text_model): the whole config,
+                # as a release ships it; AutoModelForCausalLM takes its text part from it
+                full.save_pretrained(folder)
     except Exception as exc:
         shutil.rmtree(folder, ignore_errors=True)
         raise Unbuildable(f"save_pretrained fails: {first_line(exc)}") from None
@@ -233,6 +233,20 @@ def _fill_defaults(config, max_positions: int | None) -> None:
         positions = read_attribute(target, "max_position_embeddings", 0)
         if max_positions and isinstance(positions, int) and positions > max_positions:
             target.max_position_embeddings = max_positions
+
+
+def _too_large(config, model, count: int) -> str:
+    """Why a shrunk model is still too large: the tower (a sub-model the text shrink does not
+    size) holding most of it, or a size field the shrink does not know."""
+    towers = [k.removesuffix("_config") for k in TOWER_KEYS if getattr(config, k, None) is not None]
+    # the deepest module (two levels at most) holding most of the parameters
+    heavy = [name for name, child in model.named_modules() if name and name.count(".") <= 1
+             and sum(p.numel() for p in child.parameters()) > count / 2]
+    where = f", most in {max(heavy, key=len)}" if heavy else ""
+    if towers:
+        return (f"multimodal: the shrunk model with its {towers[0]} tower keeps "
+                f"{count / 1e6:.0f} M parameters{where} (a size field the shrink does not know)")
+    return f"shrink leaves {count / 1e6:.0f} M parameters{where} (a size field it does not know)"
 
 
 def _set_special_ids(config) -> None:

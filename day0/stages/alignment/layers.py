@@ -142,6 +142,9 @@ class LayerRow(Row):
     bucket_control_rel_errors: list[float] = Field(description="Control relative error per bucket.")
     nonfinite: int = Field(description="Non-finite elements in the target's output.")
     diverged: bool = Field(description="Non-finite, or worse than the control beyond the bound.")
+    ran: bool = Field(True, description=(
+        "False when the layer ran on no side for this input (Mllama's cross-attention layers "
+        "skip text without an image): nothing to compare, so never diverged."))
 
 
 class LayerAccumulator:
@@ -159,6 +162,7 @@ class LayerAccumulator:
         self.max_abs = [0.0] * n_layers
         self.nonfinite = [0] * n_layers
         self.missing: set[int] = set()
+        self.skipped: set[int] = set()  # no output on any side in some chunk
 
     @staticmethod
     def _per_position(x: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
@@ -184,6 +188,9 @@ class LayerAccumulator:
         layer whose output has no positions axis of the chunk's length is not compared (the
         logits still are): its index goes to ``missing``."""
         if not scored.numel():  # a chunk with no position (nothing scored in it)
+            return
+        if r is None and c is None and t is None:  # the model skipped the layer on every side
+            self.skipped.add(i)
             return
         r, c, t = (_as_positions(x, scored.numel()) for x in (r, c, t))
         if r is None or t is None or c is None or r.shape != t.shape or r.shape != c.shape:
@@ -215,8 +222,10 @@ class LayerAccumulator:
             worst_b = _worst(lows)
             low = lows[worst_b]
             target_err = math.nan if i in self.missing else overall[i].target
-            diverged = (not math.isfinite(low) or low > bound or not math.isfinite(target_err)
-                        or self.nonfinite[i] > 0)
+            ran = not (i in self.skipped and i not in self.missing
+                       and bool(torch.isnan(err_t[:, i]).all()))
+            diverged = ran and (not math.isfinite(low) or low > bound
+                                or not math.isfinite(target_err) or self.nonfinite[i] > 0)
             rows.append(LayerRow(
                 layer=i, rel_error=target_err,
                 control_rel_error=math.nan if i in self.missing else overall[i].control,
@@ -225,7 +234,7 @@ class LayerAccumulator:
                 worst_bucket_rel_error=cells[worst_b].target if i not in self.missing else math.nan,
                 bucket_rel_errors=[c.target if c.positions else math.nan for c in cells],
                 bucket_control_rel_errors=[c.control if c.positions else math.nan for c in cells],
-                nonfinite=self.nonfinite[i], diverged=diverged))
+                nonfinite=self.nonfinite[i], diverged=diverged, ran=ran))
         return rows
 
 

@@ -278,10 +278,11 @@ def meta_scan(resolved, *, dtype: torch.dtype, seq_len: int, batch: int = 1,
 
     start = time.perf_counter()
     config = resolved.config
-    if experts_implementation is not None:
-        config._experts_implementation = experts_implementation
-    if attn_implementation is not None:
-        config._attn_implementation = attn_implementation
+    for built in {id(c): c for c in (config, resolved.class_config)}.values():
+        if experts_implementation is not None:
+            built._experts_implementation = experts_implementation
+        if attn_implementation is not None:
+            built._attn_implementation = attn_implementation
     model = build_meta_model(resolved, dtype=dtype)
     if before_forward is not None:
         before_forward(model)

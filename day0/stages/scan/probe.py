@@ -169,13 +169,14 @@ def run_probe(resolved, *, device: str, dtype: torch.dtype, plugins: list[str], 
               heads: int, intermediate: int, vocab: int, max_layers: int, seq_len: int,
               seed: int = 0) -> Probe:
     """Build the shrunk model on the device, apply plugins, run one forward under the probe."""
-    from day0.checkpoint.modeling import quiet_transformers
+    from day0.checkpoint.modeling import config_for_class, quiet_transformers
     from day0.execution.plugins import apply_plugins
 
     start = time.perf_counter()
     _check_device(device)
     small = shrink_config(resolved.config, hidden=hidden, heads=heads, intermediate=intermediate,
                           vocab=vocab, max_layers=max_layers)
+    small = config_for_class(small, resolved.model_class)
     torch.manual_seed(seed)
     with quiet_transformers():
         model = resolved.model_class._from_config(small, dtype=dtype)

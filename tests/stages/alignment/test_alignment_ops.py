@@ -184,6 +184,25 @@ def test_a_mask_fill_of_the_float32_minimum_replays_at_the_target_dtype_minimum(
     assert row.status == "ok", row.reason
 
 
+def test_a_layer_no_side_ran_is_not_compared_one_the_target_skipped_diverges():
+    """Mllama's cross-attention layers skip text without an image on every side: nothing to
+    compare, never a diverged layer. A layer the reference ran and the target did not is one."""
+    from day0.stages.alignment.layers import LayerAccumulator
+    from day0.torchkit.paired import Blocks
+
+    n = 64
+    scored = torch.ones(n, dtype=torch.bool)
+    acc = LayerAccumulator(3)
+    hidden = torch.randn(1, n, 8)
+    slot = acc.open(scored)
+    acc.fill(slot, 0, hidden, hidden * 1.001, hidden * 1.001, scored)
+    acc.fill(slot, 1, None, None, None, scored)  # skipped on every side
+    acc.fill(slot, 2, hidden, hidden * 1.001, None, scored)  # skipped by the target only
+    blocks = Blocks.build(torch.zeros(n, dtype=torch.long), torch.zeros(n, dtype=torch.long), 8)
+    rows = acc.rows(blocks, 1, floor=1e-6, bound=2.0)
+    assert [(r.ran, r.diverged) for r in rows] == [(True, False), (False, False), (True, True)]
+
+
 def test_layer_outputs_of_unusual_shapes_are_compared_or_named_missing():
     """DeepSeek-V4's layers output hyper-connection streams [1, n, 4, hidden]: compared over
     the flattened streams; an output without an axis of the chunk's positions is missing (its

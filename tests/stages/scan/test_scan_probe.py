@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import torch
 
 from day0.stages.scan.probe import ProbeAborted, ProbeRecorder, cpu_fallback
 from day0.torchkit.shrink import shrink_config
+from tests.conftest import MODELS
 
 CONFIGS = Path(__file__).parents[2] / "fixtures" / "configs"
 aten = torch.ops.aten
@@ -140,6 +142,35 @@ def test_valid_values_fill_what_the_default_leaves_unset(model_type, check):
     assert check(small), small.to_dict()
     with torch.device("meta"):
         getattr(transformers, causal_lm_types()[model_type])._from_config(small)
+
+
+def test_multimodal_types_build_tiny_as_their_class_takes_them(tmp_path):
+    """A causal-LM class that is the language model alone (Llama4ForCausalLM) gets the text
+    config; one that builds its towers too (Gemma3ForConditionalGeneration) gets them shrunk
+    by the same rules, with the widths joining tower and language model kept equal; a tower
+    the rules cannot shrink is refused by size, naming where the parameters are."""
+    import transformers
+
+    from day0.torchkit import tiny
+
+    llama4 = tiny.build_tiny("llama4", tmp_path / "llama4", tokenizer_from=MODELS / "tiny-llama")
+    saved = json.loads((llama4.folder / "config.json").read_text())
+    assert saved["model_type"] == "llama4_text" and "vision_config" not in saved
+    gemma3 = tiny.build_tiny("gemma3", tmp_path / "gemma3", tokenizer_from=MODELS / "tiny-llama")
+    saved = json.loads((gemma3.folder / "config.json").read_text())
+    assert saved["vision_config"]["hidden_size"] == saved["text_config"]["hidden_size"] == 64
+    assert saved["vision_config"]["num_hidden_layers"] <= 8
+    assert gemma3.tensor_elements < 1_000_000
+    # an audio tower's blocks beside the language model's, as many and as deep: never walked
+    from day0.checkpoint.modeling import decoder_layers
+
+    moss = tiny.tiny_config("moss_transcribe_diarize")
+    with torch.device("meta"):
+        model = getattr(transformers, tiny.causal_lm_types()["moss_transcribe_diarize"])(moss)
+    assert decoder_layers(model)[0] is model.model.language_model.layers[0]
+    with pytest.raises(tiny.Unbuildable, match=r"^multimodal: .* encoder tower keeps \d+ M "
+                                               r"parameters, most in model\.encoder_hash"):
+        tiny.build_tiny("blt", tmp_path / "blt", tokenizer_from=MODELS / "tiny-llama")
 
 
 def test_cpu_fallback_keeps_dtype_and_in_place_semantics():
