@@ -30,6 +30,8 @@ BASE=${DAY0_BASE_IMAGE:-day0/base:bookworm}
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 TORCH_INDEX=${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
 TORCH_PIN="torch==2.13.0+cpu"
+# uv's wheel rides in the wheelhouse: the Dockerfile installs the dependency layer with it
+UV_PIN=$(sed -n 's/^UV = "\(.*\)"$/\1/p' scripts/pip_install.py)
 VENV=${VENV:-.venv}
 CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/day0/docker
 WHEELS=build/wheelhouse
@@ -89,7 +91,7 @@ step_start
 base_id=$(docker image inspect --format '{{.Id}}' "$BASE")
 # keyed on the runtime dependencies only: test extras and tool settings do not enter the image
 deps=$(python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"])')
-stamp_key=$( { echo "$deps"; echo "$TORCH_PIN $base_id"; } | sha256sum | cut -c1-16)
+stamp_key=$( { echo "$deps"; echo "$TORCH_PIN $UV_PIN $base_id"; } | sha256sum | cut -c1-16)
 stamp=build/wheelhouse.stamp
 kept="$CACHE/wheelhouse-$stamp_key"  # this machine's resolved set for the key (any clone)
 if [ "${FORCE_WHEELHOUSE:-0}" != 1 ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$stamp_key" ] \
@@ -138,7 +140,7 @@ EOF
     -v "$pip_cache:/pip-cache" -v "$ROOT/build:/build" -v "$new:/out" "${mounts[@]}" \
     "$BASE" python3 -m pip wheel --quiet --wheel-dir /out "${fl_args[@]}" \
       "${index_args[@]}" \
-      "$TORCH_PIN" -r /build/requirements-image.txt "setuptools>=68" wheel \
+      "$TORCH_PIN" -r /build/requirements-image.txt "setuptools>=68" wheel "$UV_PIN" \
     || die "pip wheel failed"
   # CPU torch only: a CUDA build (or its nvidia-* / triton wheels) must never reach the image.
   ls "$new"/torch-2.13.0+cpu-*.whl >/dev/null 2>&1 || die "no torch-2.13.0+cpu wheel in the wheelhouse"
