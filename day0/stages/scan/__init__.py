@@ -6,7 +6,9 @@
    probing a tiny copy of the model on the target device (:mod:`day0.stages.scan.probe`).
    Each op is ``covered`` (ran on the device), ``uncovered`` (raised there, or missing from the
    manifest), ``unprobed`` (needed at full size, never exercised by the probe) or ``manifest``
-   (listed as supported). coverage = (covered + manifest) / all.
+   (listed as supported). coverage = (covered + manifest) / all. An op meta tensors dispatch
+   where a device dispatches another for the same code (``meta_equivalents.yaml``: ``x[mask] = 0``
+   is aten.scalar_tensor on meta, aten.lift_fresh on a device) is probed when its equivalent is.
 3. Ops outside ``day0/stages/scan/common_ops.yaml`` are long-tail: the first to lack a kernel on a new
    backend.
 

@@ -131,6 +131,17 @@ def common_ops() -> list[str]:
     return read_op_list(DATA / "common_ops.yaml", "ops")
 
 
+def meta_equivalents() -> dict[str, str]:
+    """Full-size (meta) op -> the op a device runs for the same code (meta_equivalents.yaml)."""
+    path = DATA / "meta_equivalents.yaml"
+    data = read_mapping(path)
+    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                             for k, v in data.items()):
+        raise ConfigError("must map aten op names to aten op names", file=str(path),
+                          fix="write e.g. 'aten.scalar_tensor.default: aten.lift_fresh.default'")
+    return {_normalise(k): _normalise(v) for k, v in data.items()}
+
+
 # -- the stage --------------------------------------------------------------------------------
 def run(config: Config, inputs: StageInputs) -> Result:
     from day0.checkpoint.files import read_config
@@ -194,11 +205,13 @@ def run(config: Config, inputs: StageInputs) -> Result:
 def _rows(meta_rec, probe, manifest, manifest_path) -> list[OpRow]:
     common = _matcher(common_ops())
     probe_ops = probe.recorder.ops if probe else {}
+    equivalent = meta_equivalents()
     failures = dict(probe.recorder.failures) if probe else {}
     blamed = _matcher(list(probe.blamed)) if probe and probe.blamed else None
     rows = []
     for name in sorted(set(meta_rec.ops) | set(probe_ops)):
-        full, small = meta_rec.ops.get(name), probe_ops.get(name)
+        full = meta_rec.ops.get(name)
+        small = probe_ops.get(name) or probe_ops.get(equivalent.get(name, ""))
         stats = full or small
         status: Status
         error = None

@@ -111,6 +111,38 @@ def test_small_llama_scan_and_metrics(tmp_path):
     assert all(isinstance(v, float) for v in result.metrics().values())
 
 
+def test_an_op_meta_dispatches_for_code_a_device_runs_otherwise_counts_as_probed(tmp_path):
+    """Gemma3Model masks image tokens with `ids[mask] = 0`: on meta tensors (the full-size
+    scan) the 0 becomes aten.scalar_tensor, on a device aten.lift_fresh (the probe), as each
+    pair in meta_equivalents.yaml says. The scan counts it probed: coverage 1."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from day0.torchkit.tiny import build_tiny
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    for meta_op, device_op in scan.meta_equivalents().items():
+        dispatched = {}
+        for device in ("meta", "cpu"):
+            ids = torch.zeros(2, 5, dtype=torch.long, device=device)
+            with Ops() as ops:
+                ids[ids == 7] = 0
+            dispatched[device] = ops.seen
+        assert meta_op in dispatched["meta"] and meta_op not in dispatched["cpu"]
+        assert device_op in dispatched["cpu"]
+    gemma3 = build_tiny("gemma3", tmp_path / "gemma3", tokenizer_from=MODELS / "tiny-llama")
+    result = scan_of(gemma3.folder)
+    assert by_op(result)["aten.scalar_tensor.default"].status == "covered"
+    assert result.coverage == 1.0 and result.unprobed == []
+
+
 def test_no_probe_leaves_coverage_unknown(tmp_path):
     result = scan_of(tiny_llama(tmp_path), probe=False)
     assert result.coverage is None and result.metrics()["scan.coverage"] is None
