@@ -14,7 +14,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from day0.checkpoint.modeling import config_for_class
+from day0.checkpoint.modeling import config_for_class, text_config
 from day0.torchkit.shrink import EXPERT_COUNT_KEYS, TOWER_KEYS, read_attribute, shrink_config
 
 DIMS = dict(hidden=64, heads=4, intermediate=128, vocab=512, max_layers=8)
@@ -24,9 +24,8 @@ MAX_POSITIONS = 256
 SPECIAL_IDS = dict(bos_token_id=0, eos_token_id=1, pad_token_id=2)  # tiny-llama's tokenizer
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 # A shrunk model above this still has a dimension shrink does not know: refuse it before
-# random init and save take minutes and gigabytes (Phi-4-multimodal's audio tower, whose
-# convolution widths no shrink rule names, leaves 11 M: still seconds).
-MAX_PARAMS = 20_000_000
+# random init and save take minutes and gigabytes.
+MAX_PARAMS = 10_000_000
 
 
 class Unbuildable(Exception):
@@ -189,7 +188,7 @@ def _fill_unset(config) -> None:
     class then does not build even unshrunk): the released value where it is known, otherwise a
     valid one or one derived from the config's own fields, never one that changes the
     architecture."""
-    text = config.get_text_config()
+    text = text_config(config)
     for key, value in _RELEASED.get(text.model_type, {}).items():
         if read_attribute(text, key) in (None, {}):
             if key == "rope_parameters":  # per layer type: the entries of the types in use
@@ -219,7 +218,7 @@ def _fill_unset(config) -> None:
 def _fill_defaults(config, max_positions: int | None) -> None:
     """Fields some classes' defaults leave None although every release sets them (transformers
     then cannot build its own default); BERT-like classes are causal only as decoders."""
-    for target in {id(c): c for c in (config, config.get_text_config())}.values():
+    for target in {id(c): c for c in (config, text_config(config))}.values():
         heads = read_attribute(target, "num_attention_heads", 0)
         if read_attribute(target, "head_dim", 0) is None and heads:
             target.head_dim = target.hidden_size // heads
