@@ -137,6 +137,7 @@ def validate(source: str, target: str | None = "cpu-bf16", target_file: str | No
     configs = registry.apply_options(stage_configs or {}, options)
     pipeline.check_configs(configs)
     waves = registry.plan(stages, target_profile.kind)
+    partial = pipeline.partial(waves, target_profile.kind)  # judged on what ran, marked so
     pipeline.check_gates(gate_file, configs, waves)  # e.g. a paired gate its items cannot power
     pipeline.check_budgets(waves)  # a stage without budget factors: exit 2 before any stage
     weights = identity.weights_key(source)  # once: every stage's cache key shares it
@@ -148,7 +149,7 @@ def validate(source: str, target: str | None = "cpu-bf16", target_file: str | No
                          bring_up=bring_up)
     where = (release.model, release.revision, target_profile.name)
     label_run(flow_run.id, logger, name=labels.run_name(*where),
-              tags=labels.run_tags(*where, bring_up=bring_up))
+              tags=labels.run_tags(*where, bring_up=bring_up, partial=bool(partial)))
 
     outcomes: dict[str, StageOutcome] = {}  # as stages finish: kept if a day0 bug strikes
     notes: list[str] = []
@@ -159,17 +160,19 @@ def validate(source: str, target: str | None = "cpu-bf16", target_file: str | No
             inputs = inputs.model_copy(update={"endpoint": engine.endpoint})
             skipped, facts, interrupted = _run_waves(waves, inputs, configs, use_cache, weights,
                                                      engine.error, logger, outcomes, notes)
-        concluded = pipeline.conclude(gate_file, target_profile, outcomes, skipped, facts)
+        concluded = pipeline.conclude(gate_file, target_profile, outcomes, skipped, facts,
+                                      planned=partial)
         report = reporting.build(
             source=source, target=target_profile, reference=REFERENCE, outcomes=outcomes,
             gate_results=concluded.gate_results, verdict=concluded.verdict, facts=facts,
             checkpoint_problems=concluded.checkpoint_problems, engine=engine.endpoint,
-            identity=_identity(release), notes=notes, bring_up=bring_up)
+            identity=_identity(release), notes=notes, bring_up=bring_up, partial=partial)
     except Exception as exc:  # a day0 bug, no verdict: out keeps what finished (then exit 4)
         _keep_what_finished(exc, out, source, target_profile, outcomes, release, facts, logger)
         raise
     report_json = _publish(report, out, outcomes, logger)
-    label_run(flow_run.id, logger, tags=labels.run_tags(*where, report.verdict, bring_up))
+    label_run(flow_run.id, logger, tags=labels.run_tags(*where, report.verdict, bring_up,
+                                                        bool(partial)))
     end = labels.final_state(reporting.Report.model_validate(report_json))
     logger.info("verdict %s for %s on %s", end.message, source, target_profile.label)
     if interrupted:

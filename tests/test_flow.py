@@ -189,6 +189,35 @@ def test_cli_exit_codes_fail_and_error(prefect_server, tmp_path):
     assert proc.returncode == 3 and "verdict: ERROR" in proc.stdout
 
 
+def test_a_partial_run_passes_on_what_ran_and_says_partial(prefect_server, tmp_path):
+    """`--stages alignment` with the shipped gates (issue 27): PASS over what ran, the other
+    stages' gates "not selected"; the flow's report, its run's state and tags, and the CLI
+    (exit 0) all say "partial: stages analysis, alignment"."""
+    from prefect.client.orchestration import get_client
+
+    tfile = target_file(tmp_path)
+    out = tmp_path / "out"
+    report, run_id = run_flow(MODELS / "tiny-llama", tfile, stages=ALIGNMENT, out=str(out))
+    assert report["verdict"] == "PASS", failing(report)
+    assert report["partial"] == ["analysis", "alignment"]
+    unselected = {g["metric"].split(".")[0] for g in report["gates"] if g["not_selected"]}
+    assert unselected == {"scan", "evaluation", "performance"}
+    assert all(g["passed"] or not g["applicable"] for g in report["gates"])
+    assert (out / "report.md").read_text().startswith(
+        "# day0 validation: PASS (partial: stages analysis, alignment)")
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(run_id)
+    assert run.state.name == "PASS" and run.state.is_completed()
+    assert run.state.message.startswith("PASS: partial: stages analysis, alignment")
+    assert labels.PARTIAL_TAG in run.tags and "verdict:PASS" in run.tags
+
+    proc = _cli("validate", MODELS / "tiny-llama", "--target-file", tfile, "--text", HELDOUT,
+                "--stages", "alignment", prefect_server=prefect_server)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "verdict: PASS (partial: stages analysis, alignment)" in proc.stdout
+    assert "not selected: stage evaluation did not run in this partial validation" in proc.stdout
+
+
 def test_cli_input_error_in_stage_exits_2(prefect_server, tmp_path):
     proc = _cli("validate", MODELS / "tiny-llama", "--target-file",
                 target_file(tmp_path, "does_not_exist.py"), "--stages", "alignment",
@@ -288,7 +317,8 @@ def test_bring_up_judges_the_port_of_untrained_weights_and_says_so(prefect_serve
     assert any(n.startswith("bring-up, weights untrained") and "uniform guess" in n
                for n in report["evidence"]["alignment"]["notes"])
     assert (out / "report.md").read_text().startswith(
-        "# day0 validation: PASS (bring-up, weights untrained)")
+        "# day0 validation: PASS (bring-up, weights untrained; partial: stages analysis, "
+        "alignment)")
     from prefect.client.orchestration import get_client
 
     with get_client(sync_client=True) as client:

@@ -122,7 +122,9 @@ def test_verdicts_and_plots_show_in_the_prefect_ui(ui_server, tmp_path):
     runs = _validate_all(ui_server, tmp_path, {
         "PASS": ["--target", "cpu-bf16"],
         "FAIL": ["--target-file", _target(tmp_path, "cpu-bf16-perturbed", "perturb_layer.py")],
-        "ERROR": ["--target-file", _target(tmp_path, "cpu-bf16-crashing", "crash.py")]})
+        # a partial run (issue 27): the state and tags say so, its verdict is over what ran
+        "ERROR": ["--target-file", _target(tmp_path, "cpu-bf16-crashing", "crash.py"),
+                  "--stages", "alignment"]})
     print("\nvalidate wall seconds: " + ", ".join(f"{v} {r[3]:.0f}" for v, r in runs.items()))
     codes = {verdict: run[0] for verdict, run in runs.items()}
     assert codes == {"PASS": 0, "FAIL": 1, "ERROR": 3}, {v: r[2][-1500:] for v, r in runs.items()}
@@ -139,6 +141,10 @@ def test_verdicts_and_plots_show_in_the_prefect_ui(ui_server, tmp_path):
     assert by_verdict["FAIL"]["state"]["type"] == "FAILED"
     assert by_verdict["ERROR"]["state"]["type"] == "FAILED"
     assert "layers-aligned" in by_verdict["FAIL"]["state"]["message"]
+    assert by_verdict["ERROR"]["state"]["message"].startswith(
+        "ERROR: partial: stages analysis, alignment; stage alignment could not finish")
+    assert "partial" in by_verdict["ERROR"]["tags"] and "partial" not in by_verdict["PASS"]["tags"]
+    assert "partial" not in by_verdict["PASS"]["state"]["message"]
     tasks = ui_server.post("/task_runs/filter", {"flow_runs": {"id": {
         "any_": [by_verdict["ERROR"]["id"]]}}})
     stage_states = {t["name"]: (t["state"]["type"], t["state"]["name"]) for t in tasks}
@@ -173,6 +179,9 @@ def test_verdicts_and_plots_show_in_the_prefect_ui(ui_server, tmp_path):
                               what=f"run {run['name']} in state {verdict}")
                 page.screenshot(shots / f"run-{verdict.lower()}.png")
                 page.dump_dom(shots / f"run-{verdict.lower()}.html")
+                # the partial run says so on its page (its state message), the full ones do not
+                shown = "partial: stages analysis, alignment" in page.text()
+                assert shown == (verdict == "ERROR"), (verdict, page.text()[:2000])
         with browser.page(f"{ui_server.url}/artifacts/artifact/{report['id']}",
                           height=2400) as page:
             page.wait_for("document.body.innerText.includes('day0 validation: FAIL')",

@@ -202,6 +202,11 @@ class ReceiverSettings(_Strict):
             raise ValueError(f"automatic runs never set {', '.join(set_by_hand)} (a stage's "
                              "by-hand option: `day0 stages`); ask for it by hand: the CLI, or "
                              "a deployment run with that option")
+        if by_hand := sorted(set(value) & {"stages", "bring_up"}):
+            raise ValueError(f"automatic runs never set {', '.join(by_hand)}: a release run "
+                             "always runs the full plan on its weights as released; ask for a "
+                             "partial or bring-up validation by hand (the CLI, or a deployment "
+                             "run with that parameter)")
         unknown = sorted(set(value) - set(FLOW_PARAMETERS))
         if unknown:
             raise ValueError(f"unknown flow parameter(s) {unknown}; known: {list(FLOW_PARAMETERS)}")

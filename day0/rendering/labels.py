@@ -31,12 +31,14 @@ def run_name(model: str, revision: str, target: str) -> str:
 
 
 BRING_UP_TAG = "bring-up"  # weights declared untrained: the run is no release verdict
+PARTIAL_TAG = "partial"  # some stages not selected: a verdict over what ran
 
 
 def run_tags(model: str, revision: str, target: str, verdict: str | None = None,
-             bring_up: bool = False) -> list[str]:
+             bring_up: bool = False, partial: bool = False) -> list[str]:
     tags = [MODEL_TAG + model, REVISION_TAG + revision, TARGET_TAG + target]
-    return tags + ([VERDICT_TAG + verdict] if verdict else []) + [BRING_UP_TAG] * bring_up
+    return (tags + ([VERDICT_TAG + verdict] if verdict else []) + [BRING_UP_TAG] * bring_up
+            + [PARTIAL_TAG] * partial)
 
 
 def merge_tags(existing: list[str], ours: list[str]) -> list[str]:
@@ -81,5 +83,5 @@ def stage_state(failure: str | None, error: str | None, stage: str) -> FinalStat
     return FinalState(False, name, shorten(f"stage {stage}: {error or failure or 'failed'}", 400))
 
 
-__all__ = ["BRING_UP_TAG", "run_name", "run_tags", "merge_tags", "slug", "artifact_key", "FinalState",
+__all__ = ["BRING_UP_TAG", "PARTIAL_TAG", "run_name", "run_tags", "merge_tags", "slug", "artifact_key", "FinalState",
            "final_state", "stage_state", "TAG_PREFIXES", "VERDICTS"]

@@ -28,10 +28,12 @@ def _fmt(value) -> str:
 # thresholds as the Prefect UI renders them: it reads each table cell as markdown, where a cell
 # starting with ">" is a blockquote
 UI_OPS = {"<=": "≤", ">=": "≥", "==": "=", "<": "<", ">": "above"}
-ORDER = {"FAIL": 0, "WARN": 1, "not evaluated": 2, "PASS": 3, "n/a": 4}
+ORDER = {"FAIL": 0, "WARN": 1, "not evaluated": 2, "PASS": 3, "not selected": 4, "n/a": 5}
 
 
 def _result(g: GateResult) -> str:
+    if g.not_selected:
+        return "not selected"
     if not g.applicable:
         return "n/a"
     if g.passed:
@@ -42,9 +44,9 @@ def _result(g: GateResult) -> str:
 
 
 def gate_rows(report: Report, markup: bool = False) -> list[dict]:
-    """The gates, failing first (FAIL, WARN, not evaluated, PASS, n/a; gates.yaml order within),
-    with severity; the gates a stage that did not run left unevaluated are one row per stage
-    and reason; the gates of stages that do not run on this kind of target are one counted row,
+    """The gates, failing first (FAIL, WARN, not evaluated, PASS, not selected, n/a; gates.yaml
+    order within), with severity; the gates a stage that did not run left unevaluated, and
+    those of a stage a partial run did not select, are one row per stage and reason; the gates of stages that do not run on this kind of target are one counted row,
     last (report.json keeps every gate). markup: for markdown and the Prefect UI (bold
     failures, ≥/≤ thresholds)."""
     rows: list[tuple[int, dict]] = []
@@ -58,14 +60,14 @@ def gate_rows(report: Report, markup: bool = False) -> list[dict]:
         row = {"result": result, "severity": g.severity, "gate": g.id,
                "observed": _fmt(g.observed), "threshold": f"{op} {g.threshold:g}",
                "reason": g.reason, "metric": g.metric}
-        if result == "not evaluated":
-            if (first := grouped.get(g.not_evaluated)) is not None:
+        if result in ("not evaluated", "not selected"):
+            if (first := grouped.get(g.not_evaluated or g.not_selected)) is not None:
                 first["gate"] += f", {g.id}"
                 first["metric"], first["threshold"] = g.metric.split(".")[0] + ".*", "—"
                 if g.severity == "error":
                     first["severity"] = "error"
                 continue
-            grouped[g.not_evaluated] = row
+            grouped[g.not_evaluated or g.not_selected] = row
         rows.append((ORDER[result], row))
     out = [row for _, row in sorted(rows, key=lambda r: r[0])]
     if elsewhere:  # the gates of stages that never run on this kind of target: one line
@@ -93,6 +95,11 @@ def _off_kind(report: Report) -> dict[str, str]:
 BRING_UP = "bring-up, weights untrained"
 
 
+def partial_mark(report: Report) -> str:
+    """'partial: stages X, Y' for a partial run (the stages it planned), '' for the full plan."""
+    return f"partial: stages {', '.join(report.partial)}" if report.partial else ""
+
+
 def headline(report: Report) -> str:
     """One line: the verdict and why - the first failing gate (gates.yaml order), the stage that
     could not finish, or the checkpoint problem - then the stages' findings."""
@@ -114,6 +121,8 @@ def headline(report: Report) -> str:
         applicable = sum(g.applicable for g in report.gates)
         why = (f"{applicable - len(failing)} of {applicable} gates hold; warnings: "
                + ", ".join(g.id for g in failing)) if failing else f"all {applicable} gates hold"
+    if report.partial:
+        why = f"{partial_mark(report)}; {why}"
     if report.bring_up:
         why = f"{BRING_UP} (not a release verdict); {why}"
     return "; ".join([f"{verdict}: {why}", *report.findings])
@@ -144,7 +153,8 @@ def to_markdown(report: Report, images: dict[str, str] | None = None) -> str:
     params = model.get("params") or {}
     ident = report.identity or {}
     first, _, rest = headline(report).partition(": ")
-    title = f"{report.verdict} ({BRING_UP})" if report.bring_up else report.verdict
+    marks = [m for m in (BRING_UP if report.bring_up else "", partial_mark(report)) if m]
+    title = f"{report.verdict} ({'; '.join(marks)})" if marks else report.verdict
     parts = [f"# day0 validation: {title}\n", f"**{first}**: {rest}\n"]
     if report.checkpoint_problems:  # first: nothing below is about the target then
         parts += (["## The checkpoint is broken\n"] + [f"- {p}" for p in report.checkpoint_problems]
@@ -197,7 +207,7 @@ def verdict_table(report: Report) -> str:
     """Plain-text table for the terminal (gates failing first)."""
     rows = gate_rows(report)
     for r in rows:
-        if r["result"] == "not evaluated":  # the gate ids would widen every row
+        if r["result"] in ("not evaluated", "not selected"):  # ids would widen every row
             count = r["gate"].count(",") + 1
             r.update(gate=f"{count} gate{'s' * (count > 1)}", result=r["reason"])
         elif r["result"] == "n/a" and r["metric"].endswith(".*"):  # the other kind's gates
@@ -213,6 +223,7 @@ def verdict_table(report: Report) -> str:
     for problem in report.checkpoint_problems:
         lines.append(f"BROKEN checkpoint: {problem}")
     mark = f" ({BRING_UP}: not a release verdict)" if report.bring_up else ""
+    mark += f" ({partial_mark(report)})" if report.partial else ""
     lines.append(f"verdict: {report.verdict}{mark}  ({report.target.label}, {report.source})")
     return "\n".join(lines)
 

@@ -113,6 +113,10 @@ class GateResult(BaseModel):
     not_evaluated: str | None = Field(None, description=(
         "Why the metric is missing, 'stage <name>: <reason>' (its stage failed or did not run); "
         "None when it was observed. Such a gate fails; ERROR or BROKEN still win the verdict."))
+    not_selected: str | None = Field(None, description=(
+        "A partial run (`--stages`): the stage of this gate's metric was not selected, "
+        "'stage <name>'. Such a gate is shown, neither failed nor counted (applicable is "
+        "false): the verdict is over what ran. None when the stage was planned."))
     test: dict | None = Field(None, description=(
         "Paired gates: the test's statistics (day0.verdict.statistics.PairedTest: drop and its "
         "confidence interval, p-value, minimum detectable effect) and the flipped items."))
@@ -202,13 +206,15 @@ def load_gates(path: str | Path | None = None) -> GatesFile:
 def evaluate(gates: GatesFile, metrics: dict[str, float | None], *, is_moe: bool,
              missing_reasons: dict[str, str] | None = None, claim: str = "faithful",
              inapplicable: dict[str, str] | None = None,
-             paired: dict[str, dict] | None = None) -> list[GateResult]:
+             paired: dict[str, dict] | None = None,
+             unselected: list[str] | None = None) -> list[GateResult]:
     """Judge every gate. missing_reasons maps a metric prefix (stage) to why it is absent
     (e.g. "failed: <error>", "not run: analysis failed");
     claim selects by_claim thresholds (the target's claim); inapplicable maps a metric prefix
     (a stage that does not run on this kind of target) or a whole metric (pattern) to why its
     gates do not apply;
-    paired maps a metric to its per-item values on both sides (StageResult.paired_items)."""
+    paired maps a metric to its per-item values on both sides (StageResult.paired_items);
+    unselected names the stages a partial run did not select: their gates are "not selected"."""
     results = []
     for gate in gates.gates:
         # a paired gate's observed value is its p-value, and it passes when p >= alpha
@@ -222,6 +228,13 @@ def evaluate(gates: GatesFile, metrics: dict[str, float | None], *, is_moe: bool
         if why_not:
             results.append(GateResult(**base, observed=None, passed=True, applicable=False,
                                       reason=f"not applicable: {why_not}"))
+            continue
+        stage = gate.metric.split(".")[0]
+        if stage in (unselected or ()):
+            results.append(GateResult(**base, observed=None, passed=True, applicable=False,
+                                      not_selected=f"stage {stage}",
+                                      reason=f"not selected: stage {stage} did not run in this "
+                                             "partial validation"))
             continue
         if gate.applies_to != "all" and (gate.applies_to == "moe") != is_moe:
             kind = "MoE" if is_moe else "dense"

@@ -107,6 +107,14 @@ def facts_of(name: str, outcome: StageOutcome, notes: list[str] | None = None) -
     return hooks.call(name, "facts", outcome.result or {}, default={}, notes=notes)
 
 
+def partial(waves: list[list[str]], target_kind: str) -> list[str]:
+    """The planned stages when they are fewer than the full plan for this kind of target (a
+    `--stages` selection): the run is partial, judged on what ran. [] for the full plan."""
+    planned = [name for wave in waves for name in wave]
+    full = {name for wave in stages.plan(None, target_kind) for name in wave}
+    return planned if full - set(planned) else []
+
+
 @dataclass
 class Conclusion:
     gate_results: list[GateResult]
@@ -115,15 +123,19 @@ class Conclusion:
 
 
 def conclude(gate_file: GatesFile, target: Target, outcomes: dict[str, StageOutcome],
-             skipped: dict[str, str], facts: dict) -> Conclusion:
+             skipped: dict[str, str], facts: dict, planned: list[str] | None = None
+             ) -> Conclusion:
     """Gates over every metric, then the verdict: a target that raised is a finding (its gates
-    fail: FAIL); a stage that broke is ERROR; a checkpoint any stage found broken is BROKEN."""
+    fail: FAIL); a stage that broke is ERROR; a checkpoint any stage found broken is BROKEN.
+    planned: the stages of a partial run (:func:`partial`); the gates of the others are "not
+    selected", neither failed nor counted. None or []: the full plan, every gate judged."""
     failed = {name: o.error or "failed" for name, o in outcomes.items() if not o.ok}
     # why a stage's metrics are missing; a report shows "not evaluated (stage X: why)" once
     missing = {name: f"failed: {error}" for name, error in failed.items()}
     missing.update(skipped)
     for name in stages.names():
         missing.setdefault(name, "not run: not selected for this validation")
+    unselected = [name for name in stages.names() if planned and name not in planned]
     metrics = {k: v for o in outcomes.values() for k, v in o.metrics.items()}
     # a stage that cannot run on this kind of target (in-process op replay on a served engine,
     # API smoke tests on a torch target) has no gates here: not applicable, not failed
@@ -138,7 +150,7 @@ def conclude(gate_file: GatesFile, target: Target, outcomes: dict[str, StageOutc
               for k, v in ((o.result or {}).get("paired_items") or {}).items()}
     results = gating.evaluate(gate_file, metrics, is_moe=bool(facts.get("moe")),
                               missing_reasons=missing, claim=target.claim,
-                              inapplicable=inapplicable, paired=paired)
+                              inapplicable=inapplicable, paired=paired, unselected=unselected)
     broken = {name: error for name, error in failed.items() if outcomes[name].failure != "target"}
     checkpoint_problems = list(dict.fromkeys(
         p for o in outcomes.values() if o.ok for p in (o.result or {}).get("checkpoint_problems", [])))
@@ -146,4 +158,5 @@ def conclude(gate_file: GatesFile, target: Target, outcomes: dict[str, StageOutc
                       checkpoint_problems)
 
 
-__all__ = ["check_configs", "check_gates", "check_budgets", "blocked", "stage_inputs", "needs_endpoint", "without_engine", "facts_of", "conclude", "Conclusion"]
+__all__ = ["check_configs", "check_gates", "check_budgets", "blocked", "stage_inputs", "needs_endpoint", "without_engine", "facts_of", "partial", "conclude",
+           "Conclusion"]

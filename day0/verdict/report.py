@@ -68,6 +68,10 @@ class Report(BaseModel):
     bring_up: bool = Field(False, description=(
         "The weights were declared untrained placeholders (`--bring-up`): the verdict judges "
         "the port against its control, never a release."))
+    partial: list[str] = Field(default_factory=list, description=(
+        "The stages a partial validation planned (`--stages`, with what they need); empty for "
+        "the full plan. The verdict is over what ran: the other stages' gates are 'not "
+        "selected'. The report, the CLI and the run's state say 'partial: stages ...'."))
     notes: list[str] = Field(default_factory=list, description=(
         "What could not be shown: a stage hook (its facts, evidence, findings, report.md "
         "section, tables, plots or files) that raised, one line each. Its part falls back to "
@@ -86,7 +90,7 @@ def build(*, source: str, target: Target, reference: Target, outcomes: dict[str,
           gate_results: list[GateResult], verdict: str, facts: dict | None = None,
           checkpoint_problems: list[str] | None = None, identity: dict | None = None,
           engine: Endpoint | None = None, notes: list[str] | None = None,
-          bring_up: bool = False) -> Report:
+          bring_up: bool = False, partial: list[str] | None = None) -> Report:
     """The report from the stages' outcomes; notes: what could not be shown so far (a hook
     that raised, day0.verdict.hooks), to which this adds its own."""
     notes = list(notes or [])
@@ -107,7 +111,7 @@ def build(*, source: str, target: Target, reference: Target, outcomes: dict[str,
         stages=summaries(outcomes), metrics=metrics, evidence=evidence,
         errors=[f"stage {name}: {o.error}" for name, o in outcomes.items() if not o.ok],
         checkpoint_problems=list(checkpoint_problems or []), findings=findings, notes=notes,
-        bring_up=bring_up, created_at=now(),
+        bring_up=bring_up, partial=list(partial or []), created_at=now(),
     )
 
 

@@ -85,8 +85,9 @@ def test_validations_attach_to_the_kept_server_and_stop_ends_it(server_env, tmp_
     for n, stages in ((1, "analysis"), (2, "analysis,scan,alignment")):
         proc = day0("validate", MODELS / "tiny-llama", "--stages", stages, "--out",
                     tmp_path / f"run{n}", env=server_env)
-        # analysis alone: the verdict names the gates of the stages not run (exit 1)
-        assert proc.returncode == 1 and "verdict: FAIL" in proc.stdout, proc.stderr[-2000:]
+        # a partial run, judged on what ran (its gates hold: exit 0)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        assert f"verdict: PASS (partial: stages {stages.replace(',', ', ')})" in proc.stdout
         assert (tmp_path / f"run{n}" / "report.json").is_file()
         assert f"on the kept Prefect server {api_url.removesuffix('/api')}" in proc.stderr
         assert flow_runs(api_url) == n  # its run is in the kept server's history
@@ -99,7 +100,7 @@ def test_validations_attach_to_the_kept_server_and_stop_ends_it(server_env, tmp_
     # PREFECT_API_URL wins: a user's chosen server is never replaced
     elsewhere = day0("validate", MODELS / "tiny-llama", "--stages", "analysis", "--out",
                      tmp_path / "elsewhere", env={**server_env, "PREFECT_API_URL": prefect_server})
-    assert elsewhere.returncode == 1, elsewhere.stderr[-2000:]
+    assert elsewhere.returncode == 0, elsewhere.stderr[-2000:]
     assert "kept Prefect server" not in elsewhere.stderr
     assert flow_runs(api_url) == 2
 

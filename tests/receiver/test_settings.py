@@ -77,6 +77,10 @@ def test_every_missing_secret_named_at_once(monkeypatch, capsys):
     ("flow_parameters: {stage_configs: {performance: {promote_baseline: true}}}\n",
      "never set --promote-baseline"),
     ("flow_parameters: {options: {promote_baseline: true}}\n", "never set --promote-baseline"),
+    # a release run always runs the full plan (issue 27): never partial, never bring-up
+    ("flow_parameters: {stages: [alignment]}\n", "never set stages: a release run always runs "
+                                                  "the full plan"),
+    ("flow_parameters: {bring_up: true}\n", "never set bring_up"),
 ])
 def test_bad_settings(tmp_path, text, why):
     cfg = tmp_path / "r.yaml"

@@ -211,3 +211,29 @@ def test_which_final_states_carry_a_report():
     assert all(is_verdict(s) for s in (Completed(name="PASS"), Failed(name="FAIL"),
                                        Failed(name="ERROR"), Failed(name="BROKEN")))
     assert not any(is_verdict(s) for s in (None, Failed(), Crashed(), Cancelled()))
+
+
+def test_a_partial_run_says_so_everywhere_and_shows_unselected_gates_once_per_stage():
+    """`--stages alignment`: the headline (the run's state message), report.md's title, the
+    terminal table and the tags say "partial: stages analysis, alignment"; each stage not
+    selected is one "not selected" row, after the gates judged."""
+    results = evaluate(load_gates(), {"analysis.plan_fits": 1.0}, is_moe=False,
+                       unselected=["scan", "evaluation", "performance"],
+                       inapplicable={name: "engine stage" for name in stages.not_on("torch")})
+    partial = ["analysis", "alignment"]
+    report = _report("PASS", [r for r in results if not r.metric.startswith("alignment.")],
+                     partial=partial)
+    assert headline(report).startswith("PASS: partial: stages analysis, alignment; all 1 gates hold")
+    assert to_markdown(report).startswith("# day0 validation: PASS (partial: stages analysis, alignment)")
+    assert labels.final_state(report).message.startswith("PASS: partial: stages analysis, alignment")
+    table = verdict_table(report)
+    assert "verdict: PASS (partial: stages analysis, alignment)" in table
+    rows = [r for r in gate_rows(report) if r["result"] == "not selected"]
+    assert [r["reason"] for r in rows] == [
+        f"not selected: stage {name} did not run in this partial validation"
+        for name in ("scan", "evaluation", "performance")]
+    assert gate_rows(report)[0]["result"] == "PASS"  # judged gates first
+    assert sum("not selected" in line for line in table.splitlines()) == 3
+    assert labels.PARTIAL_TAG in labels.run_tags("m", "r", "cpu-bf16", "PASS", partial=True)
+    assert labels.PARTIAL_TAG not in labels.run_tags("m", "r", "cpu-bf16", "PASS")
+    assert "partial" not in headline(_report("PASS", []))  # a full run: no mark

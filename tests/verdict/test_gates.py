@@ -138,3 +138,51 @@ def test_gates_of_stages_that_do_not_run_on_the_target_kind_are_not_applicable()
         assert off and all(not r.applicable and r.passed and "does not run on" in r.reason
                            for r in off)
         assert on and all(not r.passed and r.not_evaluated for r in on)
+
+
+def test_a_partial_run_is_judged_on_what_ran():
+    """`--stages alignment`: the gates of the stages not selected are "not selected" (shown,
+    neither failed nor counted); a selected stage's gates are judged as always, and one that
+    was planned but did not run still fails its gates."""
+    from day0 import stages
+    from day0.execution.stage import StageOutcome
+    from day0.execution.targets import resolve_target
+    from day0.verdict import pipeline
+
+    gates, target = load_gates(), resolve_target("cpu-bf16")
+    waves = stages.plan(["alignment"], "torch")
+    planned = pipeline.partial(waves, "torch")
+    assert planned == ["analysis", "alignment"]
+    assert pipeline.partial(stages.plan(None, "torch"), "torch") == []  # the full plan
+    everything = [n for wave in stages.plan(None, "torch") for n in wave]
+    assert pipeline.partial(stages.plan(everything, "torch"), "torch") == []  # all named
+
+    alignment = [g for g in gates.gates if g.metric.startswith("alignment.")
+                 and g.applies_to != "moe"]
+    holding = {g.metric: g.by_claim.get(target.claim, g.threshold) for g in alignment
+               if "{" not in g.metric}
+    holding["analysis.plan_fits"] = 1.0
+    outcomes = {"analysis": StageOutcome(stage="analysis", ok=True,
+                                         metrics={"analysis.plan_fits": 1.0}),
+                "alignment": StageOutcome(stage="alignment", ok=True, metrics=holding)}
+    concluded = pipeline.conclude(gates, target, outcomes, {}, {}, planned=planned)
+    assert concluded.verdict == "PASS", [r.reason for r in concluded.gate_results if not r.passed]
+    unselected = [r for r in concluded.gate_results if r.not_selected]
+    assert {r.metric.split(".")[0] for r in unselected} == {"scan", "evaluation", "performance"}
+    assert all(r.passed and not r.applicable and r.reason.startswith("not selected: stage ")
+               for r in unselected)
+    # the same outcomes judged as a full run: the stages that did not run fail their gates
+    full = pipeline.conclude(gates, target, outcomes, {}, {})
+    assert full.verdict == "FAIL" and not any(r.not_selected for r in full.gate_results)
+    # a selected gate that does not hold still fails a partial run
+    worse = {**holding, "alignment.logits.kl_mean": 10.0}
+    outcomes["alignment"] = StageOutcome(stage="alignment", ok=True, metrics=worse)
+    assert pipeline.conclude(gates, target, outcomes, {}, {}, planned=planned).verdict == "FAIL"
+    # a planned stage that did not run (its requirement failed) is not evaluated: it fails
+    outcomes = {"analysis": StageOutcome(stage="analysis", ok=False, failure="crash",
+                                         error="killed")}
+    skipped = {"alignment": "not run: analysis failed"}
+    results = pipeline.conclude(gates, target, outcomes, skipped, {}, planned=planned)
+    assert results.verdict == "ERROR"
+    assert all(not r.passed and r.not_evaluated for r in results.gate_results
+               if r.metric.startswith("alignment.") and r.applicable)
