@@ -287,23 +287,30 @@ def _score_path(model_key: str) -> Path:
 
 
 def stored_reference_perplexity(model_key: str) -> float | None:
-    """The reference perplexity stored for model_key, or None (none stored, or unreadable)."""
+    """The reference perplexity stored for model_key, or None (none stored, unreadable, or
+    its seal does not verify: day0.store.seal; a forged score never judges a checkpoint)."""
+    from day0.store import seal
+
     try:
         doc = json.loads(_score_path(model_key).read_text())
-        value = float(doc["perplexity"]) if doc.get("model_key") == model_key else None
-    except (OSError, ValueError, KeyError, TypeError):
+        trusted = doc.get("model_key") == model_key and seal.broken(doc) is None
+        value = float(doc["perplexity"]) if trusted else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     return value if value is not None and math.isfinite(value) and value > 0 else None
 
 
 def store_reference_perplexity(model_key: str, value: float) -> None:
-    """Store value for model_key, atomically (a reader sees the old file or the new one)."""
+    """Store value for model_key, sealed, atomically (a reader sees the old file or the new
+    one)."""
+    from day0.store import seal
+
     path = _score_path(model_key)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".score-", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as fh:
-            json.dump({"model_key": model_key, "perplexity": float(value)}, fh)
+            json.dump(seal.seal({"model_key": model_key, "perplexity": float(value)}), fh)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -39,6 +39,7 @@ from day0.execution.runners.docker_policy import (check_user, create_options, pr
                                                   with_weights)
 from day0.execution.stage import StageOutcome, StageSpec
 from day0.execution.targets import Target
+from day0.store.seal import ENV as EVIDENCE_SECRET
 
 LABEL = "day0.stage"
 OWNER_LABEL, HOST_LABEL = "day0.owner", "day0.host"   # who started it: a dead owner's is removed
@@ -217,6 +218,8 @@ def _run(client, spec, target, user, workdir, ro_paths, log, failed, started) ->
     timeout_s = target.timeout_s or DEFAULT_TIMEOUT_S
     env = {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TMPDIR": str(workdir / "tmp"),
            "HF_HOME": str(workdir / "tmp" / "hf"), "HOME": str(workdir / "tmp"), **settings.env}
+    if secret := os.environ.get(EVIDENCE_SECRET):  # the stage seals and verifies stored evidence
+        env[EVIDENCE_SECRET] = secret
     try:
         container = client.containers.create(
             settings.image, command=["python", "-m", "day0.execution.stage", str(spec_file), str(result_file)],

@@ -36,10 +36,11 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from day0.store import seal as _seal
 from day0.store.identity import cache_dir, results_location
 from day0.store.s3 import head_object, is_s3, put_object, read_object
 
-FORMAT = 2  # 2: control parts keep op_dtypes. Bump when what a bank records, or how, changes
+FORMAT = 3  # 3: sealed, file digests, wide tensors. Bump when what a bank records, or how, changes
 META = "bank.json"
 OPS = "ops.pt"
 SHARD_BYTES = 1 << 30
@@ -66,6 +67,15 @@ class BankMeta(BaseModel):
     op_dtypes: dict[str, list[str]] | None = Field(None, description=(
         "Control parts: the dtypes each op ran at in a forward of the model at this dtype "
         "(how the model runs it: an upcast op in float32), which the op replay follows."))
+    files: dict[str, str] = Field(default_factory=dict, description=(
+        "sha256 of each file of the part (shards, ops): a part is replayed only when every "
+        "file is there, none else, and each digest matches."))
+    wide: list[str] = Field(default_factory=list, description=(
+        "Control parts: floating tensors kept in float32 because their values are not exact "
+        "at the part's dtype; every other floating tensor is stored at that dtype."))
+    seal: str | None = Field(None, description=(
+        "HMAC of this record (day0.store.seal): a part whose seal does not verify is never "
+        "replayed."))
     bytes: int = Field(0, description="Size of the part's files.")
     seconds: float = Field(0.0, description="Time it took to compute.")
     created_at: str = Field("", description="UTC time it was stored.")
@@ -123,6 +133,7 @@ class BankWriter:
         staging_root.mkdir(parents=True, exist_ok=True)
         self.staging = Path(tempfile.mkdtemp(prefix=f"{part}-", dir=staging_root))
         self.pending: dict[str, torch.Tensor] = {}
+        self.wide: list[str] = []  # floating tensors a compact part keeps in float32
         self.pending_bytes = 0
         self.shards = 0
         self.started = time.monotonic()
@@ -134,6 +145,8 @@ class BankWriter:
             small = t.to(self.compact)
             if torch.equal(small.to(t.dtype), t):  # lossless only: replay must equal recompute
                 t = small
+            else:
+                self.wide.append(name)
         self.pending[name] = t
         self.pending_bytes += t.numel() * t.element_size()
         if self.pending_bytes >= SHARD_BYTES:
@@ -155,14 +168,19 @@ class BankWriter:
             self.pending, self.pending_bytes = {}, 0
 
     def commit(self, meta: dict) -> BankMeta:
+        from day0.store import seal
+
         self._flush()
         files = sorted(p for p in self.staging.iterdir() if p.is_file())
         doc = BankMeta(format=FORMAT, key=self.key, part=self.part,
                        bytes=sum(p.stat().st_size for p in files),
+                       files={p.name: seal.file_digest(p) for p in files}, wide=self.wide,
                        seconds=round(time.monotonic() - self.started, 1),
                        created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                        **meta)
-        (self.staging / META).write_text(doc.model_dump_json())
+        sealed = seal.seal(doc.model_dump(mode="json", exclude={"seal"}))
+        doc = BankMeta.model_validate(sealed)
+        (self.staging / META).write_text(json.dumps(sealed))
         try:
             if is_s3(self.where):
                 for path in files:
@@ -202,8 +220,11 @@ class Bank:
             found.sort()
 
     @classmethod
-    def open(cls, root: str, key: str, part: str, log=print) -> "Bank | None":
-        """The part if it is complete and readable; None (said in the log) otherwise."""
+    def open(cls, root: str, key: str, part: str, log=print,
+             rejected: dict[str, str] | None = None) -> "Bank | None":
+        """The part if it is complete, readable and verified (its seal, every file's digest,
+        its dtypes); None otherwise, said in the log and, for a stored part that fails, why
+        in rejected[part]."""
         from day0.checkpoint.files import open_reader
         from day0.errors import Day0Error
         from day0.checkpoint.safetensors_header import read_header
@@ -214,22 +235,30 @@ class Bank:
             raw = _read(_join(where, META))
             if raw is None:
                 return None
-            meta = BankMeta.model_validate_json(raw)
-            if meta.format != FORMAT or meta.key != key or meta.part != part:
-                raise ValueError(f"bank.json names format {meta.format}, key {meta.key}, "
-                                 f"part {meta.part}")
+            record = json.loads(raw)
+            if isinstance(record, dict) and record.get("format") != FORMAT:
+                raise ValueError(f"bank.json is format {record.get('format')}, not {FORMAT}")
+            meta = BankMeta.model_validate(record)
+            if meta.key != key or meta.part != part:
+                raise ValueError(f"bank.json names key {meta.key}, part {meta.part}")
+            if why := _seal.broken(record):
+                raise ValueError(f"bank.json is not trusted: {why}")
             reader = open_reader(where)
+            _verify_files(meta, reader, where)
             tensors, problems = {}, []
-            for shard in (n for n in reader.names() if n.endswith(".safetensors")):
+            for shard in sorted(n for n in meta.files if n.endswith(".safetensors")):
                 tensors.update(read_header(reader, shard, problems) or {})
             if problems:
                 raise ValueError(problems[0].message)
-            if meta.ops is not None and OPS not in reader.names():
+            _verify_dtypes(meta, tensors)
+            if meta.ops is not None and OPS not in meta.files:
                 raise ValueError(f"{OPS} is missing")
             return cls(where, meta, WeightStore(where, tensors=tensors))
         except (Day0Error, ValidationError, ValueError, OSError) as exc:
-            log(f"reference bank: {where} is unreadable ({str(exc).splitlines()[0][:200]}); "
-                "recomputing it")
+            why = f"fails verification: {str(exc).splitlines()[0][:240]}"
+            log(f"reference bank: {where} {why}; not replayed: recomputing it")
+            if rejected is not None:
+                rejected[part] = why
             return None
 
     def window(self, ids: list[int]) -> int:
@@ -258,6 +287,43 @@ class Bank:
         import io
 
         return torch.load(io.BytesIO(raw), weights_only=True)  # never unpickle code from a store
+
+
+def _verify_files(meta: BankMeta, reader, where: str) -> None:
+    """Every file bank.json lists is there with its digest, and no other shard or ops file."""
+    present = set(reader.names()) - {META}
+    if extra := sorted(present - set(meta.files)):
+        raise ValueError(f"{extra[0]} is not one of the part's files")
+    for name, digest in meta.files.items():
+        if name not in present:
+            raise ValueError(f"{name} is missing")
+        path = _join(where, name)
+        found = (_seal.bytes_digest(_read(path) or b"") if is_s3(path)
+                 else _seal.file_digest(path))
+        if found != digest:
+            raise ValueError(f"{name} differs from the digest bank.json records")
+
+
+# safetensors' dtype codes of the dtypes a part holds
+_CODES = {"float32": "F32", "float64": "F64", "float16": "F16", "bfloat16": "BF16",
+          "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2"}
+
+
+def _verify_dtypes(meta: BankMeta, tensors: dict) -> None:
+    """Floating tensors at the part's dtype (as computed where bank.json lists them as wide),
+    routes as integers: values of another dtype are not this part's."""
+    declared = _CODES.get(meta.dtype, meta.dtype)
+    wide = set(meta.wide)
+    for name, info in tensors.items():
+        if "/r." in name:
+            ok, expected = info.dtype[0] in "IU", "an integer dtype"
+        elif name in wide:
+            ok, expected = info.dtype.startswith("F") and info.dtype != declared, "wide"
+        else:
+            ok, expected = info.dtype == declared, declared
+        if not ok:
+            raise ValueError(f"tensor {name} is stored as {info.dtype}, the part declares "
+                             f"{expected}")
 
 
 def size_text(n: int) -> str:

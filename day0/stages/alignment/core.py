@@ -140,6 +140,7 @@ def run(config: Config, inputs: StageInputs, *, kept: KeptSides | None = None) -
         timings=laps.timings, peak_rss_mib=laps.peak_rss_mib, streamed=streamed,
         reference_bank=plan.where, reference_bank_hit=plan.reference is not None,
         reference_bank_bytes=bank_bytes if plan.root else None,
+        reference_bank_parts=plan.provenance() if plan.root else {},
         checkpoint_problems=problems, **result)
 
 
@@ -298,8 +299,7 @@ def _perplexity_check(ppl_ref: float, model_config, source: str, inputs: StageIn
 
 def _bank_note(plan, bank_bytes: int) -> str:
     return (f"reference bank {plan.where} ({size_text(bank_bytes)}): "
-            + ("reference replayed, no reference forward" if plan.reference is not None
-               else "reference computed here"))
+            + "; ".join(f"{part} {how}" for part, how in plan.provenance().items()))
 
 
 __all__ = ["Config", "Result", "run", "KeptSides"]

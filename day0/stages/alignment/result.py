@@ -85,6 +85,9 @@ class Result(StageResult):
     reference_bank_hit: bool = Field(False, description=(
         "The reference was replayed from the bank: no reference forward ran."))
     reference_bank_bytes: int | None = Field(None, description="Size of the bank, bytes.")
+    reference_bank_parts: dict[str, str] = Field(default_factory=dict, description=(
+        "Each side the bank can hold (reference, control-<dtype>): replayed from the verified "
+        "bank, or computed here (and why a stored part was not replayed)."))
 
     def comparison(self, metric: str) -> Comparison | None:
         return next((c for c in self.comparisons if c.metric == metric), None)

@@ -28,6 +28,26 @@ class BankPlan:
     control: Bank | None = None
     control_part: str = ""
     writers: dict[str, BankWriter] = field(default_factory=dict)
+    rejected: dict[str, str] = field(default_factory=dict)  # part -> why it was not replayed
+    own_control: bool = False  # the control runs at another dtype than the reference
+
+    def provenance(self) -> dict[str, str]:
+        """Each part this run used: replayed from the verified bank, or computed (and why a
+        stored one was not replayed)."""
+        from day0.store.seal import keyed_by
+
+        out = {}
+        parts = [("reference", self.reference)] + (
+            [(self.control_part, self.control)] if self.own_control else [])
+        for part, bank in parts:
+            if bank is not None:
+                out[part] = (f"replayed from {self.where}: seal and file digests verified with "
+                             f"{keyed_by()}")
+            else:
+                why = self.rejected.get(part)
+                out[part] = "computed here" + (f" (the stored part {why}: not replayed)"
+                                               if why else "")
+        return out
 
     @property
     def where(self) -> str | None:
@@ -81,16 +101,17 @@ def open_bank(config, source: str, reference, control_profile, wins, op_ids, pro
     key = bank_key(weights=weights, reference=f"{reference.device}/{reference.dtype}",
                    windows=[w.ids for w in wins], op_ids=op_ids, prompts=prompts,
                    new_tokens=config.new_tokens if prompts else 0)
-    plan = BankPlan(root, key, control_part=f"control-{control_profile.dtype}")
     own_control = control_profile.dtype != reference.dtype
+    plan = BankPlan(root, key, control_part=f"control-{control_profile.dtype}",
+                    own_control=own_control)
     if config.reference_bank == "use":
-        plan.reference = Bank.open(root, key, "reference", log)
+        plan.reference = Bank.open(root, key, "reference", log, plan.rejected)
         if plan.reference is not None and op_ids is not None and plan.reference.meta.ops is None:
             log(f"reference bank: {plan.where}: the op check's inputs could not be banked; "
                 "recomputing the reference")
             plan.reference = None
         if plan.reference is not None and own_control:
-            plan.control = Bank.open(root, key, plan.control_part, log)
+            plan.control = Bank.open(root, key, plan.control_part, log, plan.rejected)
     try:  # a bank that cannot be written never stops the validation
         if plan.reference is None:
             plan.writers["reference"] = BankWriter(root, key, "reference")

@@ -108,12 +108,15 @@ def _reference_side(config: Config, inputs: StageInputs, source: str, max_length
                     notes: list[str]) -> tuple[dict, str]:
     """(the reference's records, "stored" or "computed"): read from the reference store, or
     evaluated here in process and stored for the next target."""
-    stored = None if config.reference == "run" else refstore.load(where, key)
+    stored = None if config.reference == "run" else refstore.load(where, key, notes)
     if stored is None and config.reference == "stored":
         raise ConfigError(f"no stored reference results at {where}{key}.json",
                           field="reference", fix="use reference: auto (compute and store)")
     if stored is not None:
-        print(f"evaluation: reference results read from {where}{key}.json (not recomputed)")
+        from day0.store.seal import keyed_by
+
+        print(f"evaluation: reference results read from {where}{key}.json (not recomputed; "
+              f"seal verified with {keyed_by()})")
         progress.update("sides", 1, 2, detail="reference read from the store")
         return stored["tasks"], "stored"
     progress.update("sides", 0, 2, detail="reference (lm-eval, in process)")

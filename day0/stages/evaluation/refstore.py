@@ -13,12 +13,12 @@ import hashlib
 import json
 from pathlib import Path
 
-from day0.store import identity, s3
+from day0.store import identity, s3, seal
 from day0.atomic import write_atomic
 from day0.stages.evaluation.config import Config
 from day0.execution.targets import Target
 
-FORMAT = 2
+FORMAT = 3  # 3: sealed (day0.store.seal)
 
 
 def key(*, weights: str, tasks: list, reference: Target, config: Config, lm_eval_version: str,
@@ -52,20 +52,27 @@ def location(config: Config, source: str, revision: str | None, reference: Targe
     return str(identity.cache_dir() / "evaluation-reference") + "/"
 
 
-def load(where: str, name: str) -> dict | None:
-    """The stored results, or None when there are none (or they are unreadable: recomputed)."""
+def load(where: str, name: str, notes: list[str] | None = None) -> dict | None:
+    """The stored results when their seal verifies (day0.store.seal), or None: none stored,
+    unreadable, or not trusted (said in notes): recomputed."""
     uri = where + f"{name}.json"
     try:
         raw = s3.read_object(uri) if s3.is_s3(where) else Path(uri).read_bytes()
         data = json.loads(raw)
     except (OSError, ValueError, s3.NoSuchObject):
         return None
-    return data if isinstance(data, dict) and data.get("format") == FORMAT else None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        return None
+    if why := seal.broken(data):
+        if notes is not None:
+            notes.append(f"stored reference results {uri} not replayed: {why}; recomputed")
+        return None
+    return data
 
 
 def save(where: str, name: str, data: dict) -> str:
     uri = where + f"{name}.json"
-    raw = json.dumps({"format": FORMAT, **data}).encode()
+    raw = json.dumps(seal.seal({"format": FORMAT, **data})).encode()
     if s3.is_s3(where):
         s3.put_object(uri, raw)
     else:

@@ -126,7 +126,7 @@ def test_a_broken_bank_is_recomputed_and_a_changed_text_is_a_new_key(tmp_path, c
     shard = next(part.glob("*.safetensors"))
     shard.write_bytes(shard.read_bytes()[:-100])  # truncated
     again = _run(MODELS / "tiny-llama", _target(plugin="noop"), bank)
-    assert not again.reference_bank_hit and "unreadable" in capsys.readouterr().out
+    assert not again.reference_bank_hit and "fails verification" in capsys.readouterr().out
     assert _same(again.metrics(), first.metrics()) == {}
     assert _run(MODELS / "tiny-llama", _target(plugin="noop"), bank).reference_bank_hit
     other = _run(MODELS / "tiny-llama", _target(plugin="noop"), bank, text_file=str(eval_text))
@@ -139,7 +139,8 @@ def test_a_broken_bank_is_recomputed_and_a_changed_text_is_a_new_key(tmp_path, c
 
 def test_a_bank_on_the_object_store_survives_a_restart(s3_server, monkeypatch, tmp_path):
     """Built by `day0 reference` in one process, replayed by a validation in a fresh one (its
-    own empty cache): the bank lives on the store, read by ranged GETs."""
+    own empty cache): the bank lives on the store, read by ranged GETs, replayed because both
+    hold the shared secret it is sealed with (without it, a machine recomputes)."""
     for key, value in s3_server.env().items():
         monkeypatch.setenv(key, value)
     s3_server.create_bucket("banks")
@@ -147,7 +148,8 @@ def test_a_bank_on_the_object_store_survives_a_restart(s3_server, monkeypatch, t
     config = tmp_path / "settings.yaml"
     config.write_text("alignment: {max_windows: 2, seq_len: 64, generation_prompts: 2, "
                       f"new_tokens: 6, op_tokens: 16, reference_bank_uri: '{uri}'}}\n")
-    env = {**s3_server.env(), "DAY0_CACHE_DIR": str(tmp_path / "first")}
+    env = {**s3_server.env(), "DAY0_CACHE_DIR": str(tmp_path / "first"),
+           "DAY0_EVIDENCE_SECRET": "the-platform-team-s-secret"}
     built = _cli(["reference", str(MODELS / "tiny-llama"), "--dtype", "bfloat16", "--config",
                   str(config)], env)
     assert built.returncode == 0, built.stderr
@@ -170,6 +172,13 @@ def test_a_bank_on_the_object_store_survives_a_restart(s3_server, monkeypatch, t
     assert second.returncode == 0, second.stderr[-2000:]
     assert "HIT True" in second.stdout and "no forward of reference or control" in second.stdout
     assert not list((tmp_path / "second").rglob("*.safetensors"))  # never downloaded
+    # a machine without the secret verifies with its own key: the bank is not replayed there
+    env.pop("DAY0_EVIDENCE_SECRET")
+    env["DAY0_CACHE_DIR"] = str(tmp_path / "third")
+    third = subprocess.run([sys.executable, "-c", script], env={**_base_env(), **env},
+                           capture_output=True, text=True, timeout=600)
+    assert third.returncode == 0, third.stderr[-2000:]
+    assert "HIT False" in third.stdout and "its seal does not verify" in third.stdout
 
 
 def _base_env() -> dict:
