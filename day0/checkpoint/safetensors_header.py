@@ -70,10 +70,14 @@ def header_length(first: bytes, size: int | None = None) -> int:
         raise HeaderError(f"file is {len(first) if size is None else size} bytes, shorter than "
                           "the 8-byte header length")
     (length,) = struct.unpack("<Q", first[:8])
+    # the length is the file's first 8 bytes: named only when it could be a header's, so that
+    # an error never echoes the content of a file that is no safetensors file
     if size is not None and length > size - 8:
-        raise HeaderError(f"header length {length} runs past the end of the file ({size} bytes)")
+        raise HeaderError(f"the header length (the first 8 bytes) runs past the end of the file "
+                          f"({size} bytes)")
     if length > max_header_bytes():
-        raise HeaderError(f"header length {length} exceeds safetensors' limit {max_header_bytes()}")
+        raise HeaderError(f"the header length (the first 8 bytes) exceeds safetensors' limit "
+                          f"{max_header_bytes()}")
     return length
 
 
@@ -180,7 +184,8 @@ def _check_layout(tensors: dict[str, TensorInfo], data_len: int, where: str,
         first = beyond[0]
         problems.append(Problem(
             f"shard truncated or offsets out of range: data of {len(beyond)} tensor(s) ends past "
-            f"the file (needs {pos} data bytes, file has {max(data_len, 0)})",
+            f"the file (needs {max(t.data_offsets[1] for t in beyond)} data bytes, file has "
+            f"{max(data_len, 0)})",
             file=where, field=first.name, fix=REDOWNLOAD))
     elif pos < data_len and len(sound) == len(tensors):
         problems.append(Problem(f"{data_len - pos} bytes after the last tensor's data",

@@ -230,6 +230,31 @@ def test_offsets_beyond_file(llama):
     write_file(shard, header, body)
     problems = problems_of(llama)
     assert any(p.field == name and shard.name in p.file and "ends past" in p.message for p in problems)
+    [past] = [p for p in problems if "ends past" in p.message]
+    assert f"needs {end + 10**6} data bytes, file has {len(body)}" in past.message
+
+
+def test_a_tensor_ending_past_the_file_names_the_bytes_it_needs(llama):
+    """The last tensor's data 100 bytes longer than the file (its size no longer its shape's):
+    was "needs 988160 data bytes, file has 988160" (issue 27)."""
+    shard = shards(llama)[0]
+    header, body = split_file(shard)
+    last = max(tensor_names(header), key=lambda n: header[n]["data_offsets"][1])
+    begin, end = header[last]["data_offsets"]
+    header[last]["data_offsets"] = [begin, end + 100]
+    write_file(shard, header, body)
+    [past] = [p for p in problems_of(llama) if "ends past" in p.message]
+    assert f"needs {end + 100} data bytes, file has {len(body)}" in past.message
+
+
+def test_a_file_that_is_no_safetensors_is_never_echoed(llama):
+    """Its first 8 bytes read as a header length: an error must not print them (issue 27: a
+    shard symlinked to /etc/passwd published 'header length 3475222254926655346')."""
+    shard = shards(llama)[0]
+    shard.write_bytes(b"root:x:0:0:root:/root:/bin/bash\n" * 4)
+    (p,) = problems_of(llama)
+    assert "the first 8 bytes" in p.message and "runs past the end" in p.message
+    assert str(int.from_bytes(b"root:x:0", "little")) not in p.message
 
 
 def test_overlapping_offsets(llama):
