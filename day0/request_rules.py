@@ -11,6 +11,8 @@ from pathlib import Path
 
 from day0.errors import ConfigError, InputError, did_you_mean
 from day0.request import ValidateRequest
+from day0.store.links import refuse_escaping
+
 
 def check_source(source: str) -> str:
     """source as a run gets it: an s3:// URI of valid form, or an existing local path made
@@ -23,6 +25,8 @@ def check_source(source: str) -> str:
     if "://" in source or not Path(source).exists():
         raise InputError("no such file or folder", file=source,
                          fix="pass a checkpoint folder or a config.json")
+    folder = Path(source) if Path(source).is_dir() else Path(source).parent
+    refuse_escaping(folder)  # before a server starts: a link out of the checkpoint is exit 2
     return str(Path(source).resolve())
 
 

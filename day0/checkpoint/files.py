@@ -60,8 +60,11 @@ class LocalReader:
     """A local checkpoint folder, or a lone config.json file (which means: no weights)."""
 
     def __init__(self, path: str | Path):
+        from day0.store.links import refuse_escaping
+
         path = Path(path)
         if path.is_dir():
+            refuse_escaping(path)  # never read a file the checkpoint links to elsewhere
             self._files = {p.name: p for p in path.iterdir() if p.is_file()}
         elif path.is_file():
             self._files = {data()["files"]["config"]: path}

@@ -124,6 +124,10 @@ def local_weights_digest(source: str | Path) -> str:
     if not path.exists():
         raise InputError("no such file or folder", file=str(source),
                          fix="pass a checkpoint folder, its config.json or s3://BUCKET/PREFIX")
+    if path.is_dir():
+        from day0.store.links import refuse_escaping
+
+        refuse_escaping(path)  # a link out of the checkpoint is never read, nor digested
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     h = hashlib.sha256()
     for f in files:

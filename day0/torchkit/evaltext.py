@@ -27,6 +27,10 @@ def resolve_text_file(text_file: str | None, source: str | Path) -> Path:
                                   f"{CHECKPOINT_TEXT} in the checkpoint folder or the built-in text")
         return path
     candidate = checkpoint_dir(source) / CHECKPOINT_TEXT
+    if candidate.is_symlink():
+        from day0.store.links import refuse_escaping
+
+        refuse_escaping(checkpoint_dir(source))  # heldout.txt -> /etc/passwd is never read
     return candidate if candidate.is_file() else BUILTIN_TEXT
 
 

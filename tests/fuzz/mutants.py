@@ -2,9 +2,10 @@
 untrusted).
 
 ``corpus()`` lists the mutants, the same ones on every run (fixed seed, sorted inputs);
-``materialize(mutant, root)`` writes one as a folder: every file of its fixture is a symlink to the
-committed file except the ones the mutation rewrites, which are unlinked first and written anew
-(so a few hundred mutants cost a few MB and never touch tests/fixtures/).
+``materialize(mutant, root)`` writes one as a folder: every file of its fixture is a hard link to
+one copy of the committed file under root (a symlink out of a checkpoint is itself refused as
+hostile), except the ones the mutation rewrites, which are unlinked first and written anew (so a
+few hundred mutants cost a few MB and never touch tests/fixtures/).
 
 Kinds: ``config`` (config.json values: huge, negative, zero, wrong type, nested, unknown enums),
 ``json`` (config.json structure: deep nesting, huge key counts, truncation, bad encodings),
@@ -16,7 +17,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
+import shutil
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +43,7 @@ class Mutant:
 # ------------------------------------------------------------------------------- file helpers
 
 def write(folder: Path, name: str, data: bytes) -> None:
-    """Replace a file of a mutant folder; the symlink to the fixture is removed first."""
+    """Replace a file of a mutant folder; the link to the fixture's copy is removed first."""
     path = folder / name
     if path.is_symlink() or path.exists():
         path.unlink()
@@ -392,10 +395,19 @@ def corpus(seed: int = SEED) -> list[Mutant]:
 
 
 def materialize(mutant: Mutant, root: Path) -> Path:
-    """The mutant as a folder under root: symlinks to the fixture's files, the mutated ones real."""
+    """The mutant as a folder under root: hard links to one copy of the fixture's files (made
+    under root once, so on its file system), the mutated ones real."""
     folder = root / f"{mutant.fixture}~{hashlib.sha1(mutant.name.encode()).hexdigest()[:12]}"
     folder.mkdir(parents=True)
-    for path in sorted((MODELS / mutant.fixture).iterdir()):
-        (folder / path.name).symlink_to(path)
+    pristine = root / ".fixtures" / mutant.fixture
+    if not pristine.is_dir():
+        staging = root / ".fixtures" / f".{mutant.fixture}.{os.getpid()}"
+        shutil.copytree(MODELS / mutant.fixture, staging)
+        try:
+            staging.rename(pristine)
+        except OSError:  # another worker made it first
+            shutil.rmtree(staging, ignore_errors=True)
+    for path in sorted(pristine.iterdir()):
+        os.link(path, folder / path.name)
     mutant.apply(folder)
     return folder

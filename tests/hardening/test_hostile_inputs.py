@@ -1,0 +1,70 @@
+"""Hostile checkpoints refused at the door (issue 27): exit 2 with one line naming the file and
+the fix, before any server or stage starts, and never a byte of the file they point at."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from day0.cli import main
+from day0.errors import InputError
+from day0.store import identity, links
+
+MODELS = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "models"
+OUTSIDE = "/etc/passwd"  # a file every Linux machine has, whose content must never show
+
+
+@pytest.fixture
+def checkpoint(tmp_path) -> Path:
+    folder = tmp_path / "tiny-llama"
+    shutil.copytree(MODELS / "tiny-llama", folder)
+    return folder
+
+
+def _refused(capsys, *argv) -> str:
+    started = time.monotonic()
+    assert main(list(argv)) == 2
+    assert time.monotonic() - started < 10
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert "root:" not in err  # the linked file's content
+    return err
+
+
+@pytest.mark.parametrize("name", ["heldout.txt", "model-00002-of-00004.safetensors"])
+def test_a_link_out_of_the_checkpoint_is_refused_before_anything_runs(checkpoint, capsys, name,
+                                                                       tmp_path):
+    (checkpoint / name).unlink(missing_ok=True)
+    (checkpoint / name).symlink_to(OUTSIDE)
+    for argv in (["analyze", str(checkpoint)],
+                 ["validate", str(checkpoint), "--stages", "alignment", "--out",
+                  str(tmp_path / "out")]):
+        err = _refused(capsys, *argv)
+        assert f"{name} is a symlink to a file outside the checkpoint folder" in err
+        assert "copy the file into the checkpoint folder" in err
+    assert not (tmp_path / "out").exists()
+    # a run started another way (a deployment) stops at the weights digest, before any stage
+    with pytest.raises(InputError, match="outside the checkpoint folder"):
+        identity.weights_key(str(checkpoint))
+
+
+def test_links_inside_the_folder_and_a_blob_cache_snapshot_are_followed(tmp_path):
+    """Links that stay in the checkpoint, and Hugging Face's or day0's own blob cache layout
+    (snapshots/<rev>/<file> -> ../../blobs/<id>), are not hostile."""
+    inside = tmp_path / "model"
+    inside.mkdir()
+    (inside / "real.txt").write_text("text")
+    (inside / "heldout.txt").symlink_to("real.txt")
+    assert links.escaping(inside) == []
+    repo = tmp_path / "models--acme--tiny"
+    (repo / "blobs").mkdir(parents=True)
+    (repo / "blobs" / "abc").write_text("{}")
+    snapshot = repo / "snapshots" / "rev1"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").symlink_to("../../blobs/abc")
+    assert links.escaping(snapshot) == []
+    (snapshot / "heldout.txt").symlink_to(OUTSIDE)
+    assert links.escaping(snapshot) == ["heldout.txt"]
