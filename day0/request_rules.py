@@ -30,6 +30,21 @@ def check_source(source: str) -> str:
     return str(Path(source).resolve())
 
 
+def check_texts(source: str, settings: dict[str, dict]) -> None:
+    """Every evaluation text the run would read (the checkpoint's heldout.txt, each stage's
+    text_file) within its size limit, before a server starts (exit 2)."""
+    from day0.checkpoint.limits import check_text_size
+
+    if not source.startswith("s3://"):
+        folder = Path(source) if Path(source).is_dir() else Path(source).parent
+        if (folder / "heldout.txt").is_file():
+            check_text_size(folder / "heldout.txt", "heldout.txt", in_checkpoint=True)
+    for name, config in settings.items():
+        text = (config or {}).get("text_file")
+        if isinstance(text, str) and Path(text).expanduser().is_file():
+            check_text_size(Path(text).expanduser(), f"{name}.text_file")
+
+
 def stage_configs(config: str | None = None) -> dict[str, dict]:
     """Per-stage settings from a YAML file ({stage: {...}}), each name a registered stage. Each
     stage's Config checks its own fields later."""
@@ -76,7 +91,9 @@ def build(source: str, *, target: str | None = None, target_file: str | None = N
     waves = registry.plan(stages, profile.kind)
     configs = stage_configs(config)
     options = registry.check_options(options)  # a file made absolute; the flow sets them
-    pipeline.check_gates(gate_file, registry.apply_options(configs, options), waves)
+    settings = registry.apply_options(configs, options)
+    pipeline.check_gates(gate_file, settings, waves)
+    check_texts(source, settings)
     return ValidateRequest(
         source=source, target=None if target_file else profile.name, target_file=target_file,
         gates=gates, out=str(Path(out).resolve()) if out else None,

@@ -78,6 +78,21 @@ def check_config_size(size: int, where: str) -> None:
                          fix=FIX)
 
 
+def check_text_size(path: str | Path, field: str, *, in_checkpoint: bool = False) -> None:
+    """Refuse an evaluation text too large to read and tokenize whole (limits.yaml:
+    max_text_bytes) before anything reads it: InputError for a checkpoint's own heldout.txt,
+    ConfigError for a configured file; never a stage killed by its memory budget."""
+    from day0.errors import ConfigError
+
+    size = Path(path).stat().st_size
+    limit = limits()["max_text_bytes"]
+    if size > limit:
+        error = InputError if in_checkpoint else ConfigError
+        raise error(f"evaluation text of {size} bytes, over the {limit} bytes one may have",
+                    file=str(path), field=field,
+                    fix="keep a few hundred KB of representative text (the windows use far less)")
+
+
 def extent(value) -> tuple[int, int]:
     """(nesting depth, number of values) of parsed JSON, without recursion: the value is hostile."""
     deepest, count, stack = 0, 0, [(value, 1)]

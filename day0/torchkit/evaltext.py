@@ -35,6 +35,9 @@ def resolve_text_file(text_file: str | None, source: str | Path) -> Path:
 
 
 def read_text(path: Path) -> str:
+    from day0.checkpoint.limits import check_text_size
+
+    check_text_size(path, "text_file", in_checkpoint=path.name == CHECKPOINT_TEXT)
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:

@@ -68,3 +68,27 @@ def test_links_inside_the_folder_and_a_blob_cache_snapshot_are_followed(tmp_path
     assert links.escaping(snapshot) == []
     (snapshot / "heldout.txt").symlink_to(OUTSIDE)
     assert links.escaping(snapshot) == ["heldout.txt"]
+
+
+def _sparse(path: Path, size: int) -> Path:
+    with open(path, "wb") as handle:  # a sparse file: 1 GB long, nothing on disk
+        handle.truncate(size)
+    return path
+
+
+def test_an_evaluation_text_too_large_to_read_is_refused_at_the_door(checkpoint, capsys, tmp_path):
+    """Was: a 1 GB sparse heldout.txt grew the stage to 3.18 GB until its budget killed it
+    (ERROR, and the advice to raise memory_limit_gib)."""
+    _sparse(checkpoint / "heldout.txt", 1 << 30)
+    err = _refused(capsys, "validate", str(checkpoint), "--stages", "alignment")
+    assert "heldout.txt" in err and "over the 16777216 bytes" in err
+    (checkpoint / "heldout.txt").unlink()
+    big = _sparse(tmp_path / "big.txt", 1 << 30)
+    err = _refused(capsys, "validate", str(checkpoint), "--stages", "alignment", "--text", str(big))
+    assert "big.txt" in err and "alignment.text_file" in err
+    # a stage started another way reads nothing of it either
+    from day0.errors import Day0Error
+    from day0.torchkit.evaltext import read_text
+
+    with pytest.raises(Day0Error, match="over the 16777216 bytes"):
+        read_text(big)
