@@ -92,3 +92,40 @@ def test_an_evaluation_text_too_large_to_read_is_refused_at_the_door(checkpoint,
 
     with pytest.raises(Day0Error, match="over the 16777216 bytes"):
         read_text(big)
+
+
+HUNG_RE = r"([\s\S]+)+QQQQQ"  # passed re.compile, then hung re.search on a 32-token answer
+CATASTROPHIC = r"^(a|a)*$"  # backtracks even in the `regex` module's engine
+
+
+def test_a_catastrophic_business_regex_is_a_config_error_naming_its_row(tmp_path, capsys,
+                                                                         checkpoint):
+    import json
+
+    from day0.errors import ConfigError
+    from day0.stages.evaluation import business
+
+    # the pattern: the `regex` module's engine answers at once, with a time limit
+    started = time.monotonic()
+    doc = {"id": "q", "line": 1, "match": "regex", "answer": HUNG_RE}
+    assert business.process_results(doc, ["word " * 32]) == {"acc": 0.0}
+    assert time.monotonic() - started < 1
+    rows = tmp_path / "business.jsonl"
+    rows.write_text(json.dumps({"id": "ok", "prompt": "2+2?", "answer": r"\b4\b", "match": "regex"})
+                    + "\n" + json.dumps({"id": "evil", "prompt": "Say a", "answer": CATASTROPHIC,
+                                         "match": "regex"}) + "\n")
+    with pytest.raises(InputError) as refused:
+        business.read_rows(rows)
+    assert "line 2" in str(refused.value) and "backtracks catastrophically" in str(refused.value)
+    config = tmp_path / "settings.yaml"
+    config.write_text(f"evaluation: {{business_file: '{rows}'}}\n")
+    err = _refused(capsys, "validate", str(checkpoint), "--stages", "evaluation",
+                   "--config", str(config))
+    assert "line 2" in err and "backtracks catastrophically" in err
+    # a pattern the probes miss still runs with a time limit: its row is named, not a hang
+    doc = {"id": "evil", "line": 2, "match": "regex", "answer": CATASTROPHIC}
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match="row evil: its answer regex ran out of"):
+        business.process_results(doc, ["a" * 200 + "!"])
+    assert time.monotonic() - started < 5
+    assert business.process_results({"match": "regex", "answer": r"\b4\b"}, ["it is 4"]) == {"acc": 1.0}

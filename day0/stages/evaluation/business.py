@@ -6,7 +6,9 @@ One object per line::
     {"prompt": "...", "choices": ["A", "B", "C"], "answer": "B", "match": "choice"}
 
 ``match``: exact (the stripped generation equals the answer), contains (the answer occurs in
-the generation, case-insensitive), regex (re.search of the answer in the generation), choice
+the generation, case-insensitive), regex (a search of the answer in the generation, with the
+`regex` module's time limit: a pattern that backtracks catastrophically is a config error naming
+its row, at load when a probe shows it, else when it first runs out of time), choice
 (loglikelihood multiple choice: the answer is one of the choices). Choice rows become one
 multiple-choice task, the others one generative task; both are the category "business".
 Every bad line is reported at once, by line number.
@@ -19,13 +21,36 @@ import re
 from pathlib import Path
 from typing import Literal
 
+import regex
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from day0.errors import InputError, Problem
+from day0.errors import ConfigError, InputError, Problem
 
 MAX_ROWS = 100_000
 MAX_FIELD_CHARS = 200_000
 MAX_REGEX_CHARS = 500
+# a generation is at most max_gen_toks tokens: a sound pattern searches it in microseconds
+MATCH_TIMEOUT_S = 1.0
+PROBE_TIMEOUT_S = 0.05
+
+
+def _probes(pattern: str) -> list[str]:
+    """Texts on which a catastrophically backtracking pattern runs out of time: runs of one
+    character (common ones and the pattern's own letters), with and without a tail that fails
+    the match."""
+    chars = dict.fromkeys("a0 x\n" + "".join(c for c in pattern if c.isalnum())[:12])
+    return [c * 40 + tail for c in chars for tail in ("", "!")]
+
+
+def backtracks(pattern: str) -> bool:
+    """Whether the pattern runs out of time on a probe (catastrophic backtracking)."""
+    compiled = regex.compile(pattern)
+    for probe in _probes(pattern):
+        try:
+            compiled.search(probe, timeout=PROBE_TIMEOUT_S)
+        except TimeoutError:
+            return True
+    return False
 
 
 class BusinessRow(BaseModel):
@@ -55,9 +80,13 @@ class BusinessRow(BaseModel):
             if len(self.answer) > MAX_REGEX_CHARS:
                 raise ValueError(f"regex longer than {MAX_REGEX_CHARS} characters")
             try:
-                re.compile(self.answer)
-            except re.error as exc:
+                regex.compile(self.answer)
+            except regex.error as exc:
                 raise ValueError(f"answer is not a valid regex: {exc}") from None
+            if backtracks(self.answer):
+                raise ValueError("answer is a regex that backtracks catastrophically (it ran "
+                                 f"out of {PROBE_TIMEOUT_S:g} s on a 41-character probe): "
+                                 "remove the nested repetition, e.g. (x+)+")
         return self
 
 
@@ -132,13 +161,20 @@ def matches(match: str, generated: str, answer: str) -> bool:
     if match == "contains":
         return answer.casefold() in generated.casefold()
     if match == "regex":
-        return re.search(answer, generated) is not None
+        return regex.search(answer, generated, timeout=MATCH_TIMEOUT_S) is not None
     raise ValueError(f"matcher '{match}' is not generative")
 
 
 def process_results(doc: dict, results: list[str]) -> dict[str, float]:
-    """lm-eval's per-item hook of the generative business task."""
-    return {"acc": float(matches(doc["match"], results[0], doc["answer"]))}
+    """lm-eval's per-item hook of the generative business task; a regex that runs out of time
+    is the business set's config error, naming its row."""
+    try:
+        return {"acc": float(matches(doc["match"], results[0], doc["answer"]))}
+    except TimeoutError:
+        raise ConfigError(f"row {doc.get('id')}: its answer regex ran out of "
+                          f"{MATCH_TIMEOUT_S:g} s on a {len(results[0])}-character generation "
+                          "(catastrophic backtracking)", field=f"line {doc.get('line')}.answer",
+                          fix="remove the nested repetition, e.g. (x+)+") from None
 
 
 def write_tasks(path: str | Path, folder: Path, max_gen_toks: int) -> dict[str, int]:
