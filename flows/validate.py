@@ -103,7 +103,13 @@ def _run_waves(waves: list[list[str]], inputs: StageInputs, configs: dict, use_c
             interrupt_running(exc.signal)
             for name, future in futures.items():
                 if name not in outcomes:
-                    outcomes[name] = _outcome(name, future)
+                    outcome = _outcome(name, future)
+                    if not outcome.ok and outcome.failure != "target":  # stopped, not failed
+                        outcome = outcome.model_copy(update={
+                            "failure": "interrupted",
+                            "error": f"interrupted: the run got signal {int(exc.signal)} before "
+                                     "this stage finished"})
+                    outcomes[name] = outcome
             for name in wave:
                 if name not in outcomes:
                     skipped.setdefault(name, "not run: the run was interrupted (SIGTERM)")

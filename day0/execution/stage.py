@@ -33,7 +33,9 @@ from day0.execution.memory import group_rss_bytes, rss_bytes, stage_peak_rss_byt
 # "target": the stage ran but the target itself failed (TargetFault: its forward raised): a
 # finding, FAIL. "error" (StageError or a bug), "crash", "timeout", "oom", "image" (missing, or
 # lacking a dependency): the stage could not finish: ERROR. "input"/"config": bad input, exit 2.
-FailureKind = Literal["input", "config", "target", "error", "crash", "timeout", "oom", "image"]
+# interrupted: the run got SIGTERM/SIGINT before the stage finished (the flow marks it so)
+FailureKind = Literal["input", "config", "target", "error", "crash", "timeout", "oom", "image",
+                      "interrupted"]
 
 
 class StageSpec(BaseModel):
@@ -195,7 +197,10 @@ def run_stage(spec: StageSpec, *, timeout_s: float | None = None,
     try:
         spec_file, result_file = scratch / "spec.json", scratch / "result.json"
         spec_file.write_text(spec.model_dump_json())
+        (scratch / "tmp").mkdir()
         child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}),
+                     # the stage's temp files live and go with its scratch folder, even killed
+                     "TMPDIR": str(scratch / "tmp"),
                      lifecycle.OWNER_ENV: lifecycle.owner_token(),
                      lifecycle.SCRATCH_ENV: str(scratch),
                      lifecycle.MEMORY_ENV: f"{budget.memory_gib:.6g}"}  # a stage may fit its work to it

@@ -168,7 +168,8 @@ class StageHost(_Host):
     """One warm host process owned by this one; `spawn` forks a stage child from it."""
 
     def __init__(self, env: dict[str, str]):
-        self._dir = tempfile.mkdtemp(prefix="day0-host-")
+        # owner-named: swept by a later validation should this process die without closing it
+        self._dir = str(lifecycle.make_scratch("host"))
         self.socket_path = str(Path(self._dir) / "host.sock")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", SERVE_MODULE, self.socket_path], stdin=subprocess.PIPE,

@@ -19,29 +19,38 @@ FLOW = "validate"
 
 @contextlib.contextmanager
 def kept_server_settings():
-    """Attach to the kept server (`day0 server start`) when it answers and no API URL is set
-    (environment or profile); else no change (Prefect starts its temporary server). The URL goes
-    into the environment and Prefect's process-global settings too: Prefect's own threads
-    (events, logs, heartbeats) read those, and with api.url unset one of them would start a
-    temporary server of its own."""
+    """The Prefect server of this command: PREFECT_API_URL when set (environment or profile);
+    else the kept server (`day0 server start`) when it answers; else a temporary one of this
+    command in a session of its own (day0.orchestration.temporary: a signal to the command's
+    process group never takes the API from a run writing its report). The URL goes into the
+    environment and Prefect's process-global settings too: Prefect's own threads (events,
+    logs, heartbeats) read those, and with api.url unset one of them would start a temporary
+    server of its own."""
     from prefect.context import refresh_global_settings_context
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from day0.orchestration import server
+    from day0.orchestration.temporary import temporary_server
 
-    if PREFECT_API_URL.value() or (url := server.attach()) is None:
+    if PREFECT_API_URL.value():
         yield
         return
-    print(f"day0: on the kept Prefect server {url.removesuffix('/api')} (`day0 server`)",
-          file=sys.stderr, flush=True)
-    os.environ["PREFECT_API_URL"] = url
-    refresh_global_settings_context()
-    try:
-        with temporary_settings(updates={PREFECT_API_URL: url}):
-            yield
-    finally:
-        os.environ.pop("PREFECT_API_URL", None)
+    with contextlib.ExitStack() as stack:
+        url = server.attach()
+        if url is None:
+            url = stack.enter_context(temporary_server(
+                log=lambda line: print(line, file=sys.stderr, flush=True)))
+        else:
+            print(f"day0: on the kept Prefect server {url.removesuffix('/api')} (`day0 server`)",
+                  file=sys.stderr, flush=True)
+        os.environ["PREFECT_API_URL"] = url
         refresh_global_settings_context()
+        try:
+            with temporary_settings(updates={PREFECT_API_URL: url}):
+                yield
+        finally:
+            os.environ.pop("PREFECT_API_URL", None)
+            refresh_global_settings_context()
 
 
 def warm_up(request: ValidateRequest) -> None:
@@ -70,12 +79,15 @@ def validate(request: ValidateRequest) -> dict:
     """Run the flow in this process (against PREFECT_API_URL, else the kept server of `day0
     server start`, else a temporary local server).
 
-    A SIGTERM during the run: the flow writes the report of what was measured and ends as
-    Prefect ends a terminated run, which then re-sends the signal to the handler set here; it
-    exits with 143 through normal interpreter shutdown, so the temporary server is stopped
-    (the default action would leave it running)."""
+    SIGTERM or SIGINT (Ctrl-C) during the run: the flow stops the running stages, writes the
+    report of what finished (the rest "interrupted") and ends Crashed as Prefect ends a
+    terminated run, which then re-sends the signal to the handler set here; the command exits
+    128 + the signal (143, 130) through normal interpreter shutdown, so the temporary server
+    is stopped (the default action would leave it running)."""
     import signal
     import threading
+
+    from prefect.exceptions import TerminationSignal
 
     from flows.results import report_of
     from flows.validate import validate as flow
@@ -83,16 +95,24 @@ def validate(request: ValidateRequest) -> dict:
     def on_term(signum, frame):
         raise SystemExit(128 + signum)
 
+    def on_int(signum, frame):  # Ctrl-C takes the path of SIGTERM: the report is written
+        raise TerminationSignal(signal=signum)
+
     main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, on_term) if main else None
+    previous_int = signal.signal(signal.SIGINT, on_int) if main else None
     try:
         # a FAIL/ERROR/BROKEN run ends Failed: its report is the state's data (result() would
         # raise)
         with kept_server_settings():
             return report_of(flow(**request.as_parameters(), return_state=True))
+    except TerminationSignal as exc:  # before or after the flow's own handling
+        raise SystemExit(128 + int(exc.signal)) from None
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        if previous_int is not None:
+            signal.signal(signal.SIGINT, previous_int)
 
 
 def deployment_name(deployment: str) -> str:

@@ -2,6 +2,7 @@
 crash/hang/OOM become failed stages) and the host dying is a crash that names it, never a hang."""
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -76,11 +77,14 @@ def test_stages_are_forked_from_one_warm_host_with_the_callers_environment(tmp_p
     host = stagehost.host_for(dict(os.environ))
     assert told(first).startswith(f"{host.proc.pid} first True ")
     # a per-call variable (read after import) reaches the child without a new host, TMPDIR
-    # too (tempfile caches the one it saw first: the host's)
+    # too (tempfile caches the one it saw first: the host's): each stage's is the tmp folder
+    # of its own scratch folder, which goes with it
     monkeypatch.setenv("DAY0_TEST_MARK", "second")
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
     outcome = run_stage(alignment_with(plugin), timeout_s=300, log=second.append)
-    assert told(second) == f"{host.proc.pid} second True {tmp_path}"
+    pid, mark, leader, tmp = told(second).split(" ")
+    assert (pid, mark, leader) == (str(host.proc.pid), "second", "True")
+    assert re.fullmatch(r".*/day0-alignment-[0-9]+-[0-9]+-[^/]+/tmp", tmp), tmp
+    assert tmp != told(first).split(" ")[3] and not Path(tmp).exists()  # gone with its stage
     assert stagehost.host_for(dict(os.environ)) is host
     assert outcome.failure == "crash" and "exit code 3" in outcome.error
 
