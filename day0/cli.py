@@ -207,7 +207,7 @@ def cmd_analyze(args) -> int:
 
     result = core.run(core.Config(), _inputs(args))
     print(json.dumps(result.model_dump(mode="json"), indent=2) if args.json else report.summary_text(result))
-    return 0
+    return 5 if result.checkpoint_problems else 0  # BROKEN, as `day0 validate` would end
 
 
 def cmd_scan(args) -> int:

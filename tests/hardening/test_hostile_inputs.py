@@ -129,3 +129,39 @@ def test_a_catastrophic_business_regex_is_a_config_error_naming_its_row(tmp_path
         business.process_results(doc, ["a" * 200 + "!"])
     assert time.monotonic() - started < 5
     assert business.process_results({"match": "regex", "answer": r"\b4\b"}, ["it is 4"]) == {"acc": 1.0}
+
+
+SPINS = "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}"
+GROWS = ("{% set ns = namespace(kept=[]) %}{% for i in range(99999) %}"
+         "{% set ns.kept = ns.kept + [('x' * 10000000) ~ i] %}{% endfor %}{{ ns.kept|length }}")
+FLOODS = "{% for i in range(99999) %}{{ 'x' * 1000 }}{% endfor %}"
+
+
+@pytest.mark.parametrize("template,why", [
+    (SPINS, "did not finish rendering"), (GROWS, "of memory"), (FLOODS, "characters")],
+    ids=["spins", "grows", "floods"])
+def test_a_chat_template_that_cannot_be_served_is_a_checkpoint_finding(checkpoint, capsys,
+                                                                       template, why):
+    """Was: nested range(99999) loops passed the sandbox, then spun the CPU until the stage's
+    900 s limit, or grew 80 MB/s to 3.15 GB until its budget killed it (ERROR, 'raise
+    memory_limit_gib'). Now: BROKEN (exit 5) at analysis, in seconds, naming the template."""
+    import json
+
+    config = json.loads((checkpoint / "tokenizer_config.json").read_text())
+    config["chat_template"] = template
+    (checkpoint / "tokenizer_config.json").write_text(json.dumps(config))
+    started = time.monotonic()
+    assert main(["analyze", str(checkpoint)]) == 5
+    assert time.monotonic() - started < 10
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if "chat template" in x)
+    assert "tokenizer_config.json chat_template" in line and why in line
+    assert "range(" not in out  # the template's text is never echoed
+
+
+def test_a_real_chat_template_renders_within_the_limits():
+    from day0.checkpoint import chat_template
+    from day0.checkpoint.files import open_reader
+
+    found = chat_template.templates(open_reader(MODELS / "tiny-llama"))
+    assert found and chat_template.problems(open_reader(MODELS / "tiny-llama")) == []

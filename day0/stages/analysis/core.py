@@ -9,6 +9,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from day0.checkpoint import chat_template
+from day0.checkpoint.files import open_reader
 from day0.checkpoint.headers import classify, read_checkpoint
 from day0.checkpoint.configview import resolve
 from day0.execution.contract import StageInputs, StageResult
@@ -199,5 +201,6 @@ def run(config: Config, inputs: StageInputs) -> Result:
                                      vocab=cfg(view, "vocab_size"), target_dtype=target.dtype,
                                      intermediate=intermediate if isinstance(intermediate, int)
                                      else None, available_gib=available_gib()),
-                  checkpoint_problems=header_problems(ckpt) if ckpt.has_weights else [],
+                  checkpoint_problems=(header_problems(ckpt) if ckpt.has_weights else [])
+                  + chat_template.problems(open_reader(inputs.source)),
                   wall_s=round(time.monotonic() - started, 3))
