@@ -8,7 +8,9 @@ config.json; deleted afterwards, never committed) and prints, side by side, seco
 * the old digest: sha256 of every file memoised by (path, size, mtime) - its first run, and its
   repeat (a memo hit, which is what let an in-place edit with the mtime restored go stale);
 * day0.store.identity.weights_digest now: xxh3-128 of every byte on every run, cold and warm page cache;
-* plain sha256 of every byte, cold and warm, for scale.
+* plain sha256 of every byte, cold and warm, for scale;
+* the digest again with a 32 GiB sparse notes.md beside the weights: a file no loader reads is
+  listed by name and size, never read (day0/data/digest.yaml), so it costs nothing.
 
 "Cold": each file's pages are dropped from the page cache first (fsync + POSIX_FADV_DONTNEED, no
 root needed), so the figure includes reading the disk. Figures only, no asserts.
@@ -119,6 +121,10 @@ def main() -> None:
         drop_page_cache(folder)
         timed("sha256 of every byte, cold", shas, size, rows)
         timed("sha256 of every byte, warm", shas, size, rows)
+        with open(folder / "notes.md", "wb") as fh:  # sparse: nothing on disk
+            fh.truncate(32 << 30)
+        timed("new + a 32 GiB notes.md beside (listed, not read), warm",
+              lambda: weights_digest(str(folder)), size, rows)
     print(f"checkpoint: {size / 1e9:.3f} GB in {SHARDS} shards + index + config")
     width = max(len(r[0]) for r in rows)
     print(f"{'digest':<{width}}  {'seconds':>8}  {'GB/s':>7}")

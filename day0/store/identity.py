@@ -118,21 +118,50 @@ def s3_weights_digest(source: str) -> str:
     return listing_digest(wanted_objects(objects))
 
 
+def loader_files(folder: Path) -> set[str]:
+    """The files of a checkpoint folder a loader reads (day0/data/digest.yaml), as paths
+    relative to it; the rest are listed, not read."""
+    from day0 import DATA_DIR
+    from day0.yamlio import read_mapping
+
+    rules = read_mapping(DATA_DIR / "digest.yaml")
+    top = {p.name for p in folder.iterdir() if p.is_file()}
+    read = {n for n in top if n in rules["hashed_names"]
+            or n.endswith(tuple(rules["hashed_suffixes"]))}
+    for index in (n for n in rules["indexes"] if n in top):
+        read.add(index)
+        try:
+            named = json.loads((folder / index).read_text())["weight_map"].values()
+            read |= {str(n) for n in named if isinstance(n, str) and (folder / n).is_file()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            read |= {n for n in top if n.endswith(tuple(rules["weight_suffixes"]))}
+        return read
+    for suffix in rules["weight_suffixes"]:
+        weights = {n for n in top if n.endswith(suffix)}
+        if weights:
+            return read | weights
+    return read
+
+
 def local_weights_digest(source: str | Path) -> str:
-    """Digest of the content of every file of a checkpoint folder (or of a lone file)."""
+    """Digest of a checkpoint folder (or a lone file): the content of every file a loader reads
+    (:func:`loader_files`), and the name and size of every other file (listed, not read)."""
     path = Path(source)
     if not path.exists():
         raise InputError("no such file or folder", file=str(source),
                          fix="pass a checkpoint folder, its config.json or s3://BUCKET/PREFIX")
-    if path.is_dir():
-        from day0.store.links import refuse_escaping
-
-        refuse_escaping(path)  # a link out of the checkpoint is never read, nor digested
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     h = hashlib.sha256()
-    for f in files:
-        rel = f.relative_to(path) if path.is_dir() else f.name
-        h.update(f"{rel}:{file_digest(f)}\n".encode())
+    if not path.is_dir():
+        h.update(f"{path.name}:{file_digest(path)}\n".encode())
+        return h.hexdigest()
+    from day0.store.links import refuse_escaping
+
+    refuse_escaping(path)  # a link out of the checkpoint is never read, nor digested
+    read = loader_files(path)
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        rel = str(f.relative_to(path))
+        h.update((f"{rel}:{file_digest(f)}\n" if rel in read
+                  else f"{rel}:listed:{f.stat().st_size}\n").encode())
     return h.hexdigest()
 
 

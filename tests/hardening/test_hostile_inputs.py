@@ -165,3 +165,27 @@ def test_a_real_chat_template_renders_within_the_limits():
 
     found = chat_template.templates(open_reader(MODELS / "tiny-llama"))
     assert found and chat_template.problems(open_reader(MODELS / "tiny-llama")) == []
+
+
+def test_the_weights_digest_reads_only_what_a_loader_reads(checkpoint):
+    """Was: a 32 GiB sparse notes.md added 45 s of silent hashing before any stage (a 1 TiB file
+    about 20 minutes). What a loader reads is hashed; any other file is listed by name and size."""
+    before = identity.local_weights_digest(checkpoint)
+    _sparse(checkpoint / "notes.md", 32 << 30)
+    started = time.monotonic()
+    with_notes = identity.local_weights_digest(checkpoint)
+    assert time.monotonic() - started < 5
+    assert with_notes != before  # listed: a new file is a new checkpoint
+    with open(checkpoint / "notes.md", "r+b") as handle:  # the same size, other bytes
+        handle.write(b"edited")
+    assert identity.local_weights_digest(checkpoint) == with_notes  # nothing reads it
+    read = identity.loader_files(checkpoint)
+    assert {"config.json", "tokenizer.json", "tokenizer_config.json",
+            "model.safetensors.index.json", "heldout.txt" if (checkpoint / "heldout.txt").exists()
+            else "config.json"} <= read
+    assert {p.name for p in checkpoint.glob("*.safetensors")} <= read and "notes.md" not in read
+    shard = next(checkpoint.glob("*.safetensors"))
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 1  # one bit of a weight the index names
+    shard.write_bytes(bytes(data))
+    assert identity.local_weights_digest(checkpoint) != with_notes
