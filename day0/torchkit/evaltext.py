@@ -67,6 +67,24 @@ def load_tokenizer(source: str | Path, trust_remote_code: bool = False):
         hf_logging.set_verbosity(previous)
 
 
+def tokenizer_problems(tokenizer, vocab_size: int | None) -> list[str]:
+    """A checkpoint finding when the tokenizer has ids the model has no embedding row for
+    (added tokens past vocab_size): a prompt holding one indexes past the embedding."""
+    if not isinstance(vocab_size, int) or vocab_size <= 0:
+        return []
+    try:
+        vocab = tokenizer.get_vocab()
+    except Exception:  # noqa: BLE001 - a tokenizer without get_vocab: nothing to compare
+        return []
+    beyond = sorted(i for i in vocab.values() if isinstance(i, int) and i >= vocab_size)
+    if not beyond:
+        return []
+    return [f"the tokenizer has {len(beyond)} token id(s) at or past the model's vocab_size "
+            f"{vocab_size} (ids {beyond[0]}-{beyond[-1]}): a prompt holding one indexes past the "
+            "embedding (fix: ship the tokenizer that belongs to these weights, or resize the "
+            "embeddings and set vocab_size)"]
+
+
 def tokenize(tokenizer, text: str, vocab_size: int | None = None) -> list[int]:
     """Token ids of the whole text, no special tokens added (windows are cut from it)."""
     # verbose=False: the whole text is longer than the context on purpose (it is cut later).

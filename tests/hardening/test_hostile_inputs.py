@@ -189,3 +189,21 @@ def test_the_weights_digest_reads_only_what_a_loader_reads(checkpoint):
     data[-1] ^= 1  # one bit of a weight the index names
     shard.write_bytes(bytes(data))
     assert identity.local_weights_digest(checkpoint) != with_notes
+
+
+def test_a_tokenizer_with_ids_past_the_vocabulary_is_a_checkpoint_finding(checkpoint):
+    """Was: a tokenizer with 300k added tokens whose ids exceed vocab_size still PASSed."""
+    from transformers import AutoTokenizer
+
+    from day0.execution.contract import StageInputs
+    from day0.execution.targets import resolve_target
+    from day0.stages.alignment.core import Config, run
+
+    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
+    tokenizer.add_tokens([f"<extra_{i}>" for i in range(3000)])
+    tokenizer.save_pretrained(str(checkpoint))
+    result = run(Config(max_windows=1, seq_len=64, generation_prompts=1, new_tokens=4,
+                        op_tokens=8, reference_bank="off"),
+                 StageInputs(source=str(checkpoint), target=resolve_target("cpu-bf16")))
+    [problem] = [p for p in result.checkpoint_problems if "tokenizer" in p]
+    assert "3000 token id(s) at or past the model's vocab_size 512 (ids 512-3511)" in problem

@@ -30,7 +30,7 @@ from day0.stages.alignment.kept_sides import KeptSides
 from day0.stages.alignment.result import Result
 from day0.stages.alignment.summary import summarize
 from day0.torchkit.evaltext import (Window, load_tokenizer, prefix_token, prompts, read_text,
-                                   resolve_text_file, tokenize, windows)
+                                    resolve_text_file, tokenize, tokenizer_problems, windows)
 from day0.torchkit.replay import dtypes_at, record_ops, replay_recorded
 from day0.torchkit.tolerances import load_tolerances
 
@@ -92,6 +92,7 @@ def run(config: Config, inputs: StageInputs, *, kept: KeptSides | None = None) -
     weights_source = source_name if streamed else inputs.source
     problems = _scan_weights(config, plan, weights_source if live else source_name, lap)
     scanned = list(problems)  # what the bank keeps of the weight scan
+    problems += tokenizer_problems(text.tokenizer, getattr(text.model_config, "vocab_size", None))
     if inputs.bring_up:
         problems = _untrained_as_notes(problems, notes)
     try:
