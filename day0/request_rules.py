@@ -117,7 +117,5 @@ def exit_status(report) -> tuple[int, str | None]:
     """(exit code, error line) of a day0.verdict.report.Report: 2 when a stage refused its input or
     config (the same code as when the CLI itself refuses them), else the verdict's code."""
     refused = [s for s in report.stages.values() if s.failure in ("input", "config")]
-    if refused:
-        return 2, refused[0].error
-    return report.exit_code, None
+    return report.exit_code, (refused[0].error if refused else None)
 

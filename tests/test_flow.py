@@ -221,9 +221,14 @@ def test_a_partial_run_passes_on_what_ran_and_says_partial(prefect_server, tmp_p
 def test_cli_input_error_in_stage_exits_2(prefect_server, tmp_path):
     proc = _cli("validate", MODELS / "tiny-llama", "--target-file",
                 target_file(tmp_path, "does_not_exist.py"), "--stages", "alignment",
-                prefect_server=prefect_server)
+                "--out", tmp_path / "out", prefect_server=prefect_server)
     assert proc.returncode == 2 and "does_not_exist.py" in proc.stderr
     assert "Traceback" not in proc.stderr
+    # the report says the same exit code as the command (issue 27: it said ERROR, exit 2)
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["exit_status"] == 2 and report["verdict"] == "ERROR"
+    assert "- exit code: 2 (a stage refused its input or config" in (
+        tmp_path / "out" / "report.md").read_text()
 
 
 def test_nan_in_weights_is_a_broken_checkpoint(prefect_server, tmp_path):

@@ -61,18 +61,27 @@ def test_build_refuses_before_any_run(tmp_path, kwargs, error, needle):
         request.build(kwargs.pop("source", str(LLAMA)), **kwargs)
 
 
-def _report(verdict_code: int, **failures):
+def _report(verdict: str, **failures):
+    from day0.execution.stage import StageOutcome
+    from day0.verdict.report import EXIT_CODES, exit_status_of
+
     stages = {name: SimpleNamespace(failure=f, error=f"stage {name}: {f} problem")
               for name, f in failures.items()}
-    return SimpleNamespace(stages=stages, exit_code=verdict_code)
+    outcomes = {name: StageOutcome(stage=name, ok=f is None, failure=f)
+                for name, f in failures.items()}
+    code = exit_status_of(verdict, outcomes)
+    assert code == (2 if {"input", "config"} & set(failures.values()) else EXIT_CODES[verdict])
+    return SimpleNamespace(stages=stages, exit_code=code)
 
 
 def test_exit_status_of_a_report():
-    assert request.exit_status(_report(0, analysis=None)) == (0, None)
-    assert request.exit_status(_report(3, scan="crash")) == (3, None)
+    """The report records the code the CLI ends with (they always agree, issue 27)."""
+    assert request.exit_status(_report("PASS", analysis=None)) == (0, None)
+    assert request.exit_status(_report("ERROR", scan="crash")) == (3, None)
     # a stage that refused its input or config: the same exit 2 as the CLI's own refusals
-    assert request.exit_status(_report(3, analysis="input")) == (2, "stage analysis: input problem")
-    assert request.exit_status(_report(1, scan="config"))[0] == 2
+    assert request.exit_status(_report("ERROR", analysis="input")) == (
+        2, "stage analysis: input problem")
+    assert request.exit_status(_report("FAIL", scan="config"))[0] == 2
 
 
 def test_stage_inputs_for_one_stage():

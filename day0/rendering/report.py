@@ -166,6 +166,8 @@ def to_markdown(report: Report, images: dict[str, str] | None = None) -> str:
         f"{_fmt(params.get('active'))} active)",
         f"- source: `{report.source}`",
         f"- target: **{report.target.label}** vs reference {report.reference.device}/{report.reference.dtype}",
+        f"- exit code: {report.exit_code}"
+        + (" (a stage refused its input or config: see Errors)" if report.exit_code == 2 else ""),
         f"- created: {report.created_at}, day0 {report.day0_version}\n",
     ]
     if report.results_uri:

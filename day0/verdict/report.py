@@ -76,6 +76,10 @@ class Report(BaseModel):
         "What could not be shown: a stage hook (its facts, evidence, findings, report.md "
         "section, tables, plots or files) that raised, one line each. Its part falls back to "
         "the plain default (metrics, the whole result); the verdict stands."))
+    exit_status: int | None = Field(None, description=(
+        "The exit code `day0 validate` ends with for this report: the verdict's (0, 1, 3, 5), "
+        "2 when a stage refused its input or config (the CLI's own code for bad input), 4 when "
+        "no verdict was reached. None in reports from before it was recorded."))
     created_at: str
     day0_version: str = __version__
     results_uri: str | None = Field(None, description=(
@@ -83,7 +87,15 @@ class Report(BaseModel):
 
     @property
     def exit_code(self) -> int:
-        return EXIT_CODES[self.verdict]
+        return self.exit_status if self.exit_status is not None else EXIT_CODES[self.verdict]
+
+
+def exit_status_of(verdict: str, outcomes: dict[str, StageOutcome]) -> int:
+    """2 when a stage refused its input or config (bad input, whatever else ran), else the
+    verdict's code: what the report and the CLI both say."""
+    if any(o.failure in ("input", "config") for o in outcomes.values()):
+        return 2
+    return EXIT_CODES[verdict]
 
 
 def build(*, source: str, target: Target, reference: Target, outcomes: dict[str, StageOutcome],
@@ -111,7 +123,8 @@ def build(*, source: str, target: Target, reference: Target, outcomes: dict[str,
         stages=summaries(outcomes), metrics=metrics, evidence=evidence,
         errors=[f"stage {name}: {o.error}" for name, o in outcomes.items() if not o.ok],
         checkpoint_problems=list(checkpoint_problems or []), findings=findings, notes=notes,
-        bring_up=bring_up, partial=list(partial or []), created_at=now(),
+        bring_up=bring_up, partial=list(partial or []),
+        exit_status=exit_status_of(verdict, outcomes), created_at=now(),
     )
 
 
@@ -141,7 +154,7 @@ def unconcluded(*, source: str, target: Target, reference: Target,
         metrics=metrics, evidence={n: dict(o.result) for n, o in outcomes.items()
                                    if o.ok and o.result is not None},
         errors=[f"stage {n}: {o.error}" for n, o in outcomes.items() if not o.ok] + [bug],
-        created_at=now())
+        exit_status=4, created_at=now())
 
 
 _stage = hooks.stage_of  # the registered stage of that name, None for one no longer registered
