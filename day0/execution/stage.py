@@ -236,9 +236,12 @@ def run_stage(spec: StageSpec, *, timeout_s: float | None = None,
                            f"stage '{spec.stage}' ran; the stage was killed with it",
                            proc.returncode, seconds, tail, budget)
         if killed_for:
+            # what the stage was doing: the work that consumed the budget, when it said so
+            doing = (f" (it was at {beat.last_progress.describe()})" if beat.last_progress
+                     else "")
             return _failed(spec, "timeout" if killed_for == "time" else "oom",
-                           budget.exceeded(spec.stage, killed_for), proc.returncode, seconds, tail,
-                           budget)
+                           budget.exceeded(spec.stage, killed_for) + doing, proc.returncode,
+                           seconds, tail, budget)
         if result_file.is_file():
             outcome = StageOutcome.model_validate_json(result_file.read_text())
             return outcome.model_copy(update={"seconds": seconds, "log_tail": tail[-20:],

@@ -112,6 +112,8 @@ def test_hog_in_the_host_is_killed_as_oom_and_the_host_keeps_serving(tmp_path):
     outcome = run_stage(alignment_with(PLUGINS / "hog_memory.py"), timeout_s=300,
                         memory_limit_gib=1.5)
     assert outcome.failure == "oom" and "memory limit" in outcome.error
+    # what consumed it, as far as the stage said: the phase it had reached (issue 27)
+    assert "(it was at models" in outcome.error, outcome.error
     assert host.alive() and stagehost.host_for(dict(os.environ)) is host
     lines = []
     run_stage(alignment_with(printing_plugin(tmp_path, "os.getppid()")), timeout_s=300,
