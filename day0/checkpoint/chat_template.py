@@ -20,7 +20,7 @@ import signal
 import time
 
 TIME_LIMIT_S = 3.0  # real templates render a conversation in milliseconds
-MEMORY_LIMIT_BYTES = 1 << 30  # above what the process already holds
+MEMORY_LIMIT_BYTES = 512 << 20  # above what the process already holds
 OUTPUT_LIMIT_CHARS = 4 << 20  # a real prompt of this conversation is a few hundred characters
 CONVERSATION = [{"role": "system", "content": "You are a helpful assistant."},
                 {"role": "user", "content": "What is the capital of France?"},

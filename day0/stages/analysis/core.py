@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from day0.checkpoint import chat_template
+from day0.checkpoint import chat_template, tokenizer_ids
 from day0.checkpoint.files import open_reader
 from day0.checkpoint.headers import classify, read_checkpoint
 from day0.checkpoint.configview import resolve
@@ -140,6 +140,13 @@ class Result(StageResult):
         }
 
 
+def _file_problems(source: str, vocab_size) -> list[str]:
+    """Findings in the checkpoint's other files: its chat templates (rendered under limits) and
+    tokenizer.json's ids against vocab_size."""
+    reader = open_reader(source)
+    return chat_template.problems(reader) + tokenizer_ids.problems(reader, vocab_size)
+
+
 def run(config: Config, inputs: StageInputs) -> Result:
     """Analyse inputs.source for inputs.target. Raises InputError/CheckpointError on bad input."""
     started = time.monotonic()
@@ -202,5 +209,5 @@ def run(config: Config, inputs: StageInputs) -> Result:
                                      intermediate=intermediate if isinstance(intermediate, int)
                                      else None, available_gib=available_gib()),
                   checkpoint_problems=(header_problems(ckpt) if ckpt.has_weights else [])
-                  + chat_template.problems(open_reader(inputs.source)),
+                  + _file_problems(inputs.source, cfg(view, "vocab_size")),
                   wall_s=round(time.monotonic() - started, 3))
