@@ -7,9 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -29,27 +26,13 @@ def checkpoint(tmp_path) -> Path:
 
 
 def _cli(*argv: str) -> tuple[int, str, str]:
-    """`day0 ARGV` as a user runs it; (exit code, stdout, stderr), held to the issue's bounds:
-    within 10 s and under 1 GiB (its peak, and that of what it waited for: wait4's rusage)."""
-    started = time.monotonic()
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "day0.cli", *argv], stdout=out, stderr=err,
-                                env={k: v for k, v in os.environ.items()
-                                     if k != "PREFECT_API_URL"})
-        watchdog = threading.Timer(60, proc.kill)  # a hang fails the test, never the suite
-        watchdog.start()
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        finally:
-            watchdog.cancel()
-        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, for its rusage
-        out.seek(0)
-        err.seek(0)
-        stdout, stderr = out.read(), err.read()
-    seconds = time.monotonic() - started
-    assert seconds < 10, (seconds, stderr[-2000:])
-    assert usage.ru_maxrss * 1024 < 1 << 30, usage.ru_maxrss
-    return proc.returncode, stdout, stderr
+    """`day0 ARGV` as a user runs it; (exit code, stdout, stderr). How long each refusal takes
+    and how much memory (the issue's 10 s and 1 GiB) is bench/bench_hostile_inputs.py's to
+    measure; here a run that does not end within a minute is a hang and fails."""
+    proc = subprocess.run([sys.executable, "-m", "day0.cli", *argv], capture_output=True,
+                          text=True, timeout=60,
+                          env={k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"})
+    return proc.returncode, proc.stdout, proc.stderr
 
 
 def _refused(capsys, *argv) -> str:
@@ -133,11 +116,10 @@ def test_a_catastrophic_business_regex_is_a_config_error_naming_its_row(tmp_path
     from day0.errors import ConfigError
     from day0.stages.evaluation import business
 
-    # the issue's pattern: the `regex` module's engine answers at once, with a time limit
-    started = time.monotonic()
+    # the issue's pattern: the `regex` module's engine answers within the match's time limit
+    # (past it, process_results raises: see below)
     doc = {"id": "q", "line": 1, "match": "regex", "answer": HUNG_RE}
     assert business.process_results(doc, ["word " * 32]) == {"acc": 0.0}
-    assert time.monotonic() - started < 1
     rows = tmp_path / "business.jsonl"
     rows.write_text(json.dumps({"id": "ok", "prompt": "2+2?", "answer": r"\b4\b", "match": "regex"})
                     + "\n" + json.dumps({"id": "evil", "prompt": "Say a", "answer": CATASTROPHIC,
@@ -152,10 +134,8 @@ def test_a_catastrophic_business_regex_is_a_config_error_naming_its_row(tmp_path
     assert "line 2" in err and "backtracks catastrophically" in err
     # a pattern the probes miss still runs with a time limit: its row is named, not a hang
     doc = {"id": "evil", "line": 2, "match": "regex", "answer": CATASTROPHIC}
-    started = time.monotonic()
     with pytest.raises(ConfigError, match="row evil: its answer regex ran out of"):
         business.process_results(doc, ["a" * 200 + "!"])
-    assert time.monotonic() - started < 5
     assert business.process_results({"match": "regex", "answer": r"\b4\b"}, ["it is 4"]) == {"acc": 1.0}
 
 
@@ -193,14 +173,18 @@ def test_a_real_chat_template_renders_within_the_limits():
     assert found and chat_template.problems(open_reader(MODELS / "tiny-llama")) == []
 
 
-def test_the_weights_digest_reads_only_what_a_loader_reads(checkpoint):
+def test_the_weights_digest_reads_only_what_a_loader_reads(checkpoint, monkeypatch):
     """Was: a 32 GiB sparse notes.md added 45 s of silent hashing before any stage (a 1 TiB file
-    about 20 minutes). What a loader reads is hashed; any other file is listed by name and size."""
+    about 20 minutes). What a loader reads is hashed; any other file is listed by name and size
+    (bench/bench_digest.py times it)."""
     before = identity.local_weights_digest(checkpoint)
     _sparse(checkpoint / "notes.md", 32 << 30)
-    started = time.monotonic()
+    hashed = []
+    real = identity.file_digest
+    monkeypatch.setattr(identity, "file_digest", lambda f: hashed.append(f.name) or real(f))
     with_notes = identity.local_weights_digest(checkpoint)
-    assert time.monotonic() - started < 5
+    assert hashed and "notes.md" not in hashed  # never read
+    monkeypatch.undo()
     assert with_notes != before  # listed: a new file is a new checkpoint
     with open(checkpoint / "notes.md", "r+b") as handle:  # the same size, other bytes
         handle.write(b"edited")
