@@ -35,7 +35,7 @@ def _cli(*argv: str) -> tuple[int, str, str]:
     return proc.returncode, proc.stdout, proc.stderr
 
 
-def _refused(capsys, *argv) -> str:
+def _refused(*argv) -> str:
     """Exit 2 with one line naming the file and the fix; never a traceback or file content."""
     code, _, err = _cli(*argv)
     assert code == 2, err[-2000:]
@@ -46,14 +46,14 @@ def _refused(capsys, *argv) -> str:
 
 
 @pytest.mark.parametrize("name", ["heldout.txt", "model-00002-of-00004.safetensors"])
-def test_a_link_out_of_the_checkpoint_is_refused_before_anything_runs(checkpoint, capsys, name,
+def test_a_link_out_of_the_checkpoint_is_refused_before_anything_runs(checkpoint, name,
                                                                        tmp_path):
     (checkpoint / name).unlink(missing_ok=True)
     (checkpoint / name).symlink_to(OUTSIDE)
     for argv in (["analyze", str(checkpoint)],
                  ["validate", str(checkpoint), "--stages", "alignment", "--out",
                   str(tmp_path / "out")]):
-        err = _refused(capsys, *argv)
+        err = _refused(*argv)
         assert f"{name} is a symlink to a file outside the checkpoint folder" in err
         assert "copy the file into the checkpoint folder" in err
     assert not (tmp_path / "out").exists()
@@ -87,15 +87,15 @@ def _sparse(path: Path, size: int) -> Path:
     return path
 
 
-def test_an_evaluation_text_too_large_to_read_is_refused_at_the_door(checkpoint, capsys, tmp_path):
+def test_an_evaluation_text_too_large_to_read_is_refused_at_the_door(checkpoint, tmp_path):
     """Was: a 1 GB sparse heldout.txt grew the stage to 3.18 GB until its budget killed it
     (ERROR, and the advice to raise memory_limit_gib)."""
     _sparse(checkpoint / "heldout.txt", 1 << 30)
-    err = _refused(capsys, "validate", str(checkpoint), "--stages", "alignment")
+    err = _refused("validate", str(checkpoint), "--stages", "alignment")
     assert "heldout.txt" in err and "over the 16777216 bytes" in err
     (checkpoint / "heldout.txt").unlink()
     big = _sparse(tmp_path / "big.txt", 1 << 30)
-    err = _refused(capsys, "validate", str(checkpoint), "--stages", "alignment", "--text", str(big))
+    err = _refused("validate", str(checkpoint), "--stages", "alignment", "--text", str(big))
     assert "big.txt" in err and "alignment.text_file" in err
     # a stage started another way reads nothing of it either
     from day0.errors import Day0Error
@@ -109,7 +109,7 @@ HUNG_RE = r"([\s\S]+)+QQQQQ"  # passed re.compile, then hung re.search on a 32-t
 CATASTROPHIC = r"^(a|a)*$"  # backtracks even in the `regex` module's engine
 
 
-def test_a_catastrophic_business_regex_is_a_config_error_naming_its_row(tmp_path, capsys,
+def test_a_catastrophic_business_regex_is_a_config_error_naming_its_row(tmp_path,
                                                                          checkpoint):
     import json
 
@@ -129,7 +129,7 @@ def test_a_catastrophic_business_regex_is_a_config_error_naming_its_row(tmp_path
     assert "line 2" in str(refused.value) and "backtracks catastrophically" in str(refused.value)
     config = tmp_path / "settings.yaml"
     config.write_text(f"evaluation: {{business_file: '{rows}'}}\n")
-    err = _refused(capsys, "validate", str(checkpoint), "--stages", "evaluation",
+    err = _refused("validate", str(checkpoint), "--stages", "evaluation",
                    "--config", str(config))
     assert "line 2" in err and "backtracks catastrophically" in err
     # a pattern the probes miss still runs with a time limit: its row is named, not a hang
@@ -148,7 +148,7 @@ FLOODS = "{% for i in range(99999) %}{{ 'x' * 1000 }}{% endfor %}"
 @pytest.mark.parametrize("template,why", [
     (SPINS, "did not finish rendering"), (GROWS, "of memory"), (FLOODS, "characters")],
     ids=["spins", "grows", "floods"])
-def test_a_chat_template_that_cannot_be_served_is_a_checkpoint_finding(checkpoint, capsys,
+def test_a_chat_template_that_cannot_be_served_is_a_checkpoint_finding(checkpoint,
                                                                        template, why):
     """Was: nested range(99999) loops passed the sandbox, then spun the CPU until the stage's
     900 s limit, or grew 80 MB/s to 3.15 GB until its budget killed it (ERROR, 'raise

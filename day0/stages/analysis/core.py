@@ -140,17 +140,17 @@ class Result(StageResult):
         }
 
 
-def _file_problems(source: str, vocab_size) -> list[str]:
+def _file_problems(reader, vocab_size) -> list[str]:
     """Findings in the checkpoint's other files: its chat templates (rendered under limits) and
     tokenizer.json's ids against vocab_size."""
-    reader = open_reader(source)
     return chat_template.problems(reader) + tokenizer_ids.problems(reader, vocab_size)
 
 
 def run(config: Config, inputs: StageInputs) -> Result:
     """Analyse inputs.source for inputs.target. Raises InputError/CheckpointError on bad input."""
     started = time.monotonic()
-    ckpt = read_checkpoint(inputs.source)
+    reader = open_reader(inputs.source)  # one listing (s3) for the headers and the other files
+    ckpt = read_checkpoint(reader)
     view = resolve(ckpt.config, trust_remote_code=inputs.trust_remote_code, file=ckpt.config_file)
     architecture = view.class_name
     if ckpt.has_weights:
@@ -209,5 +209,5 @@ def run(config: Config, inputs: StageInputs) -> Result:
                                      intermediate=intermediate if isinstance(intermediate, int)
                                      else None, available_gib=available_gib()),
                   checkpoint_problems=(header_problems(ckpt) if ckpt.has_weights else [])
-                  + _file_problems(inputs.source, cfg(view, "vocab_size")),
+                  + _file_problems(reader, cfg(view, "vocab_size")),
                   wall_s=round(time.monotonic() - started, 3))
