@@ -6,6 +6,8 @@ through day0.orchestration (the engine's one adapter to Prefect).
 Exit codes (docs/errors-and-exit-codes.md; day0.errors): 0 PASS (or command succeeded), 1 FAIL
 (TargetFault), 2 bad input or config (Day0Error), 3 ERROR (StageError: a stage could not
 finish), 4 internal error, 5 BROKEN (the checkpoint itself is broken, whatever the target does).
+A verdict the results store did not take (kept in the outbox, published later) exits 3 for a
+PASS, else its verdict's code, after one line saying so and where the report is kept.
 """
 
 from __future__ import annotations
@@ -112,7 +114,8 @@ def _add_validate_parser(sub) -> None:
                        description="analysis -> scan + alignment -> gates.yaml -> verdict. Exit codes: "
                                    "0 PASS, 1 FAIL (the target), 2 bad input or config, 3 ERROR (a "
                                    "stage could not finish), 4 internal error, 5 BROKEN (the "
-                                   "checkpoint itself is broken).")
+                                   "checkpoint itself is broken); a PASS the results store "
+                                   "did not take (kept in the outbox) exits 3.")
     p.add_argument("source", help="checkpoint folder")
     _add_target_args(p)
     p.add_argument("--gates", default=None, help="gates file (default ./gates.yaml or the shipped one)")
@@ -177,14 +180,21 @@ def _add_stack_parser(sub) -> None:
         "${XDG_STATE_HOME:-~/.local/state}/day0/stack)"))
     s = stack.add_parser("up", parents=[where], help="start the four processes, each once healthy",
                          description="Start Prefect, the receiver, SeaweedFS and `day0 serve` in "
-                                     "order; print the UI URL and the upload command.")
+                                     "order (on a partly running stack: what does not run, keeping "
+                                     "the rest); print the UI URL and the upload command.")
     for name, default in (("prefect", 4200), ("receiver", 8787), ("s3", 8333)):
         s.add_argument(f"--{name}-port", type=int, default=None, help=(
             f"port (default $DAY0_STACK_{name.upper()}_PORT, else the last up's, else {default} "
             "if free, else a free one)"))
-    s.add_argument("--target", default="cpu-bf16", help="target the deployment validates (cpu-bf16)")
+    s.add_argument("--target", default=None, help="target the deployment validates (cpu-bf16)")
     s.add_argument("--timeout", type=float, default=None, help="seconds each process may take to be healthy")
-    stack.add_parser("down", parents=[where], help="stop everything `up` started")
+    s = stack.add_parser("restart", parents=[where], help="stop one process's whole tree and start it again",
+                         description="Restart one part on the same ports and wait until it is "
+                                     "healthy; stack.json follows it.")
+    s.add_argument("part", metavar="PART", choices=("prefect", "receiver", "seaweedfs", "store", "serve"),
+                   help="prefect, receiver, seaweedfs (or store) or serve")
+    s.add_argument("--timeout", type=float, default=None, help="seconds it may take to be healthy")
+    stack.add_parser("down", parents=[where], help="stop everything `up` started, orphans included")
     stack.add_parser("status", parents=[where], help="pid, ports and liveness of each process (exit 1 unless all run)")
     s = stack.add_parser("upload", parents=[where], help="upload a checkpoint folder to s3://models/NAME",
                          description="Upload DIR's files to s3://models/NAME/ (shards last): the "
@@ -243,6 +253,8 @@ def cmd_validate(args) -> int:
     # first divergent layer, report path, results URI (stderr with --json: stdout stays JSON)
     for line in rendering.closing_lines(report, req.out):
         print(line, file=sys.stderr if args.json else sys.stdout)
+    if report.unpublished:  # a verdict the results store does not hold (exit_code: never 0)
+        print(f"day0: error: the report was not published: {report.unpublished}", file=sys.stderr)
     return code
 
 
@@ -264,9 +276,11 @@ def cmd_baseline(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    """Register the `validate` deployment on PREFECT_API_URL and run its flow runs here."""
-    from day0.orchestration import local
+    """Register the `validate` deployment on PREFECT_API_URL and run its flow runs here; publish
+    what a results-store outage left in the outbox every few seconds meanwhile."""
+    from day0.orchestration import local, outbox
 
+    outbox.start_draining()
     local.serve(args.name, limit=args.limit, target=args.target)
     return 0
 
@@ -361,6 +375,9 @@ def cmd_stack(args) -> int:
     if args.stack_command == "up":
         ports = {"prefect": args.prefect_port, "receiver": args.receiver_port, "s3": args.s3_port}
         stack.up(args.state_dir, ports=ports, target=args.target, timeout_s=args.timeout)
+        return 0
+    if args.stack_command == "restart":
+        stack.restart(args.part, args.state_dir, timeout_s=args.timeout)
         return 0
     if args.stack_command == "down":
         stack.down(args.state_dir)

@@ -9,7 +9,9 @@ Hierarchy::
     ├── PluginError            a target plugin cannot be imported or has no apply(model)
     ├── TargetFault            the target itself failed (its forward raised, ...): FAIL, exit 1
     ├── StageError             a stage could not finish (crash, timeout, out of memory, its own
-    │                          bug): ERROR, exit code 3
+    │   │                      bug): ERROR, exit code 3
+    │   └── StoreDown          the object store did not answer for the bounded time reads and
+    │                          publishing wait (day0.store.retry); names the endpoint
     ├── StackError             `day0 stack`: a process of the hand-run stack did not start or
     │                          stop (names it): exit code 3
     └── ReceiverError          the release receiver refuses a request or cannot serve it now;
@@ -153,6 +155,11 @@ class StageError(Day0Error):
     """A stage did not produce a result: it crashed, timed out, exhausted memory or broke."""
 
     exit_code = 3
+
+
+class StoreDown(StageError):
+    """The object store could not answer (refused, timed out, 5xx) for as long as day0 waits
+    for it (day0/data/store.yaml): the store's trouble, never a finding about the target."""
 
 
 class StackError(Day0Error):

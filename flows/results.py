@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from day0.rendering.labels import NOT_PUBLISHED
 from day0.store.identity import cache_dir
 from day0.errors import StageError
 
@@ -36,11 +37,12 @@ def report_of(state) -> dict:
 
 def is_verdict(state) -> bool:
     """Whether a final state carries a report: Completed (PASS; any Completed run of the flow
-    returned one) or Failed FAIL/ERROR/BROKEN - not a run that crashed, was cancelled or
-    raised before reaching a verdict."""
+    returned one) or Failed FAIL/ERROR/BROKEN or NOT PUBLISHED (a verdict the results store did
+    not take yet) - not a run that crashed, was cancelled or raised before reaching a verdict."""
     if state is None:
         return False
-    return state.is_completed() or (state.is_failed() and state.name in ("FAIL", "ERROR", "BROKEN"))
+    return state.is_completed() or (state.is_failed() and state.name in (
+        "FAIL", "ERROR", "BROKEN", NOT_PUBLISHED))
 
 
 def read_report(flow_run) -> dict:

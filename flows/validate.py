@@ -7,7 +7,9 @@ a stage runs when what it requires (or runs after) succeeded on a sound checkpoi
 
 The run ends in a state named after the verdict (day0.rendering.labels): Completed "PASS", or Failed
 "FAIL" / "ERROR" / "BROKEN", its message the report's headline, report.json its (JSON) result;
-call it with ``return_state=True`` and read ``flows.results.report_of(state)``. It is named
+call it with ``return_state=True`` and read ``flows.results.report_of(state)``. A verdict the
+results store did not take ends Failed "NOT PUBLISHED" until the outbox publishes it
+(day0.store.outbox, day0.orchestration.outbox) and sets the verdict's state. It is named
 ``<model>@<revision> on <target>`` and tagged model:/revision:/target:/verdict:.
 """
 
@@ -36,7 +38,7 @@ from day0.execution.targets import REFERENCE, resolve_target
 from flows.results import result_storage
 from tasks.artifacts import label_run, publish_artifacts
 from tasks.engine import engine_session
-from tasks.housekeeping import start_of_run
+from tasks.housekeeping import start_of_run, watch_worker
 from tasks.stages import publish_report_task, run_stage_task
 
 
@@ -136,6 +138,7 @@ def validate(source: str, target: str | None = "cpu-bf16", target_file: str | No
     baseline later runs are compared with (never done otherwise)."""
     logger = get_run_logger()
     start_of_run(logger)  # own this run by pid; crash runs and sweep folders of dead processes
+    watch_worker(logger)  # a served run stops (Crashed, run again) when its worker dies
     target_profile = resolve_target(target, target_file)
     if target_profile.runner == "process":  # the host's imports overlap the checks below
         stagehost.prewarm()
@@ -205,12 +208,14 @@ def _publish(report: reporting.Report, out: str | None, outcomes: dict, logger) 
     except Exception as exc:  # a day0 bug while publishing: the verdict stands, named
         line = f"the report could not be published: {type(exc).__name__}: {exc} (a day0 bug)"
         logger.error("%s", line)
-        published = {"results_uri": None, "notes": [*report.notes, line]}
+        published = {"results_uri": None, "notes": [*report.notes, line],
+                     "unpublished": line if identity.results_base(report.source) else None}
         if out:  # at least the evidence
             report.notes = published["notes"]
             Path(out).mkdir(parents=True, exist_ok=True)
             write_atomic(Path(out) / "report.json", report.model_dump_json(indent=2))
-    report_json.update(results_uri=published["results_uri"], notes=published["notes"])
+    report_json.update(results_uri=published["results_uri"], notes=published["notes"],
+                       unpublished=published["unpublished"])  # then "NOT PUBLISHED" (labels)
     publish_artifacts(reporting.Report.model_validate(report_json), plots, flow_run.id, logger)
     return report_json
 

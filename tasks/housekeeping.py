@@ -6,6 +6,8 @@ handled by day0.execution.lifecycle, but its Prefect flow run would stay RUNNING
 * tags itself with the host and the owner token (pid + kernel start time) of its process:
   ``day0-host:<hostname>``, ``day0-owner:<pid>-<start>``;
 * sets Crashed every RUNNING `validate` run tagged with this host whose owner is dead;
+* publishes what a results-store outage left in the outbox (day0.orchestration.outbox: a
+  brief probe first, nothing sent to a store that does not answer);
 * removes scratch folders of dead owners (day0.execution.lifecycle.sweep_scratch), and stage containers
   a dead owner started on this host (day0.execution.runners.docker.remove_orphaned_containers) when a
   Docker engine is configured here.
@@ -64,7 +66,8 @@ def crash_orphaned_runs(client, flow_name: str = "validate") -> list[str]:
 
 
 def start_of_run(logger) -> None:
-    """Claim the current flow run, crash orphaned runs, sweep dead owners' scratch folders."""
+    """Claim the current flow run, crash orphaned runs, sweep dead owners' scratch folders,
+    drain the outbox."""
     try:
         roots = [None, os.environ.get("DAY0_DOCKER_WORKDIR")]
         for folder in [f for root in dict.fromkeys(roots) if root or root is None
@@ -92,6 +95,30 @@ def start_of_run(logger) -> None:
                 logger.warning("flow run %s was left RUNNING by a dead process: set Crashed", name)
     except Exception as exc:
         logger.warning("could not check for orphaned flow runs: %s", exc)
+    try:  # what a store outage left unpublished, now that the store may answer again
+        from day0.orchestration.outbox import drain_outbox
+
+        drain_outbox(logger.info)
+    except Exception as exc:
+        logger.warning("could not drain the outbox: %s", exc)
 
 
-__all__ = ["start_of_run", "claim_run", "crash_orphaned_runs", "owner_tags"]
+def watch_worker(logger) -> None:
+    """A run started by a worker (`day0 serve`, a process worker) stops when that worker dies
+    rather than run on unsupervised: its report keeps what finished, it ends Crashed and the
+    receiver runs the release again (day0.orchestration.recovery)."""
+    from prefect.runtime import deployment
+
+    from day0.orchestration import recovery
+
+    if not deployment.id:  # `day0 validate` in this process: the caller supervises
+        return
+    try:
+        recovery.watch_worker(lambda parent: logger.error(
+            "the worker (pid %d) that started this run died: stopping the run (it ends Crashed "
+            "and its release runs again)", parent))
+    except Exception as exc:  # noqa: BLE001 - housekeeping never fails a validation
+        logger.warning("could not watch the worker: %s", exc)
+
+
+__all__ = ["start_of_run", "watch_worker", "claim_run", "crash_orphaned_runs", "owner_tags"]

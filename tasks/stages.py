@@ -62,8 +62,12 @@ def publish_report_task(report_json: dict, out: str | None,
     """Report files (report.json, report.md, plots/<name>.png) in out, and on the object store
     (s3:// source or DAY0_RESULTS_URI). out's report.json is written first, before anything
     is rendered or sent. Returns {"results_uri": URI or None, "notes": the report's notes,
-    with those of any hook that raised while rendering}. The Prefect artifacts are the flow's
+    with those of any hook that raised while rendering, "unpublished": why the store did not
+    take it and where it is kept, or None}. The Prefect artifacts are the flow's
     (tasks/artifacts.py: attached to the flow run)."""
+    from prefect.runtime import flow_run
+    from prefect.settings import PREFECT_API_URL
+
     from day0.atomic import write_atomic
     from day0.verdict import report as reporting
     from day0.rendering import publish as publishing
@@ -73,9 +77,12 @@ def publish_report_task(report_json: dict, out: str | None,
     if out:  # the evidence first: whatever fails below, out holds report.json
         Path(out).mkdir(parents=True, exist_ok=True)
         write_atomic(Path(out) / "report.json", report.model_dump_json(indent=2))
-    results_uri = publishing.publish_to_store(report, outcomes, logger, plots)
+    # the outbox sets this run's state once it publishes what the store did not take now
+    run = {"id": str(flow_run.id) if flow_run.id else None, "api_url": PREFECT_API_URL.value()}
+    results_uri = publishing.publish_to_store(report, outcomes, logger, plots, flow_run=run)
     if out:
         json_path, md_path = publishing.write(
             report, out, plots, publishing.stage_files(outcomes, logger, report.notes))
         logger.info("report written to %s and %s", json_path, md_path)
-    return {"results_uri": results_uri, "notes": list(report.notes)}
+    return {"results_uri": results_uri, "notes": list(report.notes),
+            "unpublished": report.unpublished}

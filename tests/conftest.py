@@ -34,6 +34,8 @@ def day0_cache(tmp_path_factory) -> Path:
     """Every test session starts with an empty stage cache (tests stay independent of ~/.cache)."""
     path = tmp_path_factory.mktemp("day0-cache")
     os.environ["DAY0_CACHE_DIR"] = str(path)
+    # runs a store outage left unpublished (day0.store.outbox): the session's, never a user's
+    os.environ["DAY0_OUTBOX_DIR"] = str(tmp_path_factory.mktemp("day0-outbox"))
     return path
 
 

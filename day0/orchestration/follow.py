@@ -27,11 +27,23 @@ def run_url(flow_run_id) -> str:
     return f"{base.rstrip('/')}/runs/flow-run/{flow_run_id}"
 
 
-def start(name: str, parameters: dict, *, tags: list[str] | None = None):
-    """Create a flow run of deployment `name` and return it at once (not waiting)."""
-    from day0.orchestration import submit
+def start(name: str, parameters: dict, *, tags: list[str] | None = None,
+          say: Callable[[str], None] | None = None):
+    """Create a flow run of deployment `name` and return it at once (not waiting), through a
+    Prefect outage of at most client_outage_s: one key for every try, so a request that
+    reached the server before its answer was lost creates no second run."""
+    import uuid
 
-    return submit.run(name, parameters, timeout=0, tags=tags, as_subflow=False)
+    from prefect.settings import get_current_settings
+
+    from day0.orchestration import submit
+    from day0.orchestration.outage import Outage
+
+    key = f"day0-cli:{uuid.uuid4()}"
+    outage = Outage(str(get_current_settings().api.url or "?"), f"starting a run of {name}",
+                    say=say)
+    return outage.call(lambda: submit.run(name, parameters, timeout=0, tags=tags,
+                                          as_subflow=False, idempotency_key=key))
 
 
 def stage_progress(client, flow_run_id) -> dict[str, tuple[float, str]]:
@@ -61,12 +73,17 @@ def summary(state_name: str, stages: dict[str, tuple[float, str]]) -> str:
 def follow(flow_run_id, say: Callable[[str], None], *, poll_s: float = POLL_S,
            quiet_s: float = QUIET_S, timeout_s: float | None = None,
            clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
-    """Wait until the run is final (or timeout_s passed) and return it, saying its progress."""
-    from prefect.client.orchestration import get_client
+    """Wait until the run is final (or timeout_s passed) and return it, saying its progress;
+    through a Prefect outage of at most client_outage_s (then PrefectDown, exit 3)."""
+    from prefect.settings import get_current_settings
+
+    from day0.orchestration.outage import Outage, waiting_client
 
     started = clock()
-    last_text, last_said, failing_since = None, started, None
-    with get_client(sync_client=True) as client:
+    last_text, last_said = None, started
+    outage = Outage(str(get_current_settings().api.url or "?"),
+                    f"following flow run {flow_run_id}", say=say, clock=clock, sleep=sleep)
+    with waiting_client() as client:
         while True:
             try:
                 run = client.read_flow_run(flow_run_id)
@@ -75,12 +92,10 @@ def follow(flow_run_id, say: Callable[[str], None], *, poll_s: float = POLL_S,
                     return run
                 text = summary(state.name if state else "no state",
                                stage_progress(client, flow_run_id))
-                failing_since = None
-            except Exception as exc:  # the API may blink; say so once, keep waiting
-                if failing_since is None:
-                    failing_since = clock()
-                    say(f"  (cannot read the run's progress: {type(exc).__name__}: {exc})"[:300])
-                text = last_text
+                outage.ok()
+            except Exception as exc:  # noqa: BLE001 - the API may restart: waited through
+                outage.failed(exc)  # PrefectDown (exit 3) past recovery.yaml's client_outage_s
+                continue
             now = clock()
             if text is not None and (text != last_text or now - last_said >= quiet_s):
                 say(f"  [{now - started:4.0f} s] {text}")

@@ -129,7 +129,7 @@ def validate_on(deployment: str, request: ValidateRequest,
     from flows.results import is_verdict, read_report
 
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
-    flow_run = follow.start(deployment_name(deployment), request.as_parameters())
+    flow_run = follow.start(deployment_name(deployment), request.as_parameters(), say=say)
     say(f"flow run {flow_run.name}: {follow.run_url(flow_run.id)}")
     flow_run = follow.follow(flow_run.id, say)
     if not is_verdict(flow_run.state):
@@ -140,11 +140,22 @@ def validate_on(deployment: str, request: ValidateRequest,
 
 
 def serve(name: str, *, limit: int | None = None, target: str | None = None) -> None:
-    """Register deployment validate/<name> on PREFECT_API_URL and run its flow runs here."""
+    """Register deployment validate/<name> on PREFECT_API_URL and run its flow runs here, each
+    with heartbeats (day0.orchestration.recovery: a run whose process dies ends Crashed)."""
     from prefect.deployments.runner import EntrypointType
 
+    from day0.orchestration import recovery
     from flows.validate import validate as flow
 
+    # runs that die with this worker (or their machine) end Crashed and run again
+    recovery.enable_heartbeats()
+    # a release waits at most this long for the worker to see its run (Prefect's default: 10 s)
+    os.environ.setdefault("PREFECT_RUNNER_POLL_FREQUENCY", "3")
+    try:
+        print(f"day0 serve: {recovery.ensure_zombie_automation()}", file=sys.stderr, flush=True)
+    except Exception as exc:  # noqa: BLE001 - serving matters more; the stack creates it too
+        print(f"day0 serve: warning: could not create the zombie automation: "
+              f"{type(exc).__name__}: {exc}".splitlines()[0], file=sys.stderr, flush=True)
     # module entrypoint: runs resolve `flows.validate` from the installed package, whatever the cwd
     flow.serve(name=name, limit=limit, tags=["day0"], entrypoint_type=EntrypointType.MODULE_PATH,
                parameters={"target": target} if target else None,

@@ -49,22 +49,50 @@ def runs_of(client, deployment: str, source: str, since: dt.datetime) -> list[Ru
 
 def wait_for_run(deployment: str, source: str, since: dt.datetime, *, api: str,
                  timeout_s: float, poll_s: float = 2.0, csrf: bool | None = None,
-                 on_found: Callable[[RunInfo], None] | None = None) -> RunInfo | None:
-    """The first run of `deployment` for `source` created since `since`, once final; None
-    when none appeared or it did not end within timeout_s (csrf: submit.api_url's)."""
-    from prefect.client.orchestration import get_client
+                 on_found: Callable[[RunInfo], None] | None = None,
+                 say: Callable[[str], None] | None = None,
+                 rerun_wait_s: float = 60.0) -> RunInfo | None:
+    """The run of `deployment` for `source` created since `since`, once final; None when none
+    appeared or it did not end within timeout_s (csrf: submit.api_url's). A run that Crashed
+    (its process died) is followed by the run the receiver starts again for its release, when
+    one appears within rerun_wait_s. A Prefect outage is waited through (say gets a line when
+    it starts and ends), at most recovery.yaml's client_outage_s in a row: then PrefectDown
+    (exit 3)."""
+    from day0.orchestration.outage import Outage, waiting_client
 
+    say = say or (lambda line: None)
     deadline = time.monotonic() + timeout_s
-    seen: str | None = None
-    with _api_url(api, csrf=csrf), get_client(sync_client=True) as client:
+    followed: str | None = None
+    crashed_at: float | None = None
+    outage = Outage(api, f"waiting for the run of {source}", say=say)
+    with _api_url(api, csrf=csrf), waiting_client() as client:
         while time.monotonic() < deadline:
-            runs = runs_of(client, deployment, source, since)
+            try:
+                runs = runs_of(client, deployment, source, since)  # oldest first
+            except Exception as exc:  # noqa: BLE001 - an outage is waited through, a bug raised
+                outage.failed(exc)  # PrefectDown (exit 3) once it lasts past the limit
+                continue
+            outage.ok()
+            ids = [r.id for r in runs]
+            at = ids.index(followed) if followed in ids else 0
             if runs:
-                run = runs[0]
-                if seen != run.id and on_found is not None:
+                run = runs[at]
+                if followed != run.id and on_found is not None:
                     on_found(run)
-                seen = run.id
-                if run.final:
+                followed = run.id
+                if run.state_type == "CRASHED":
+                    if at + 1 < len(runs):  # the receiver's new run of the release
+                        say(f"flow run {run.name} crashed ({run.message or 'no message'}); "
+                            f"following {runs[at + 1].name}, which runs its release again")
+                        followed, crashed_at = runs[at + 1].id, None
+                        if on_found is not None:
+                            on_found(runs[at + 1])
+                        continue
+                    if crashed_at is None:
+                        crashed_at = time.monotonic()
+                    elif time.monotonic() - crashed_at > rerun_wait_s:
+                        return run
+                elif run.final:
                     return run
             time.sleep(poll_s)
     return None

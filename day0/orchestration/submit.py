@@ -49,13 +49,16 @@ def client():
 
 def run(name: str, parameters: dict[str, Any], *, timeout: float | None,
         poll_interval: float | None = None, tags: list[str] | None = None,
-        as_subflow: bool = True):
+        as_subflow: bool = True, idempotency_key: str | None = None):
     """Start a flow run of deployment `name` and wait up to timeout seconds (None: until it
-    ends); returns the FlowRun, final or not. Raises DeploymentNotFound."""
+    ends); returns the FlowRun, final or not. Raises DeploymentNotFound. The same
+    idempotency_key returns the same run (a retried request creates no second one)."""
     from prefect.deployments import run_deployment
     from prefect.exceptions import ObjectNotFound
 
     extra = {"poll_interval": poll_interval} if poll_interval is not None else {}
+    if idempotency_key:
+        extra["idempotency_key"] = idempotency_key
     try:
         return run_deployment(name=name, parameters=parameters, timeout=timeout, tags=tags,
                               as_subflow=as_subflow, _sync=True, **extra)
@@ -75,8 +78,10 @@ async def submit(name: str, parameters: dict[str, Any], *, client, idempotency_k
 
 
 async def ended(client, flow_run_ids: list) -> dict:
-    """flow run id -> end time (epoch s) of those of `flow_run_ids` (UUIDs, one page: at most
-    200) that reached a final state, or no longer exist (their end: now)."""
+    """flow run id -> (end time in epoch s, why it crashed or None) of those of `flow_run_ids`
+    (UUIDs, one page: at most 200) that reached a final state, or no longer exist (their end:
+    now). A Crashed run ended without a verdict: its process died (the worker's own report, or
+    the zombie automation of day0.orchestration.recovery when heartbeats stopped)."""
     import time
 
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
@@ -84,14 +89,15 @@ async def ended(client, flow_run_ids: list) -> dict:
     found = await client.read_flow_runs(
         flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=list(flow_run_ids))),
         limit=len(flow_run_ids))
-    out = {run_id: time.time() for run_id in flow_run_ids}  # deleted runs never run again
+    out = {run_id: (time.time(), None) for run_id in flow_run_ids}  # deleted: never run again
     for run in found:
         state = run.state
         if state is None or not state.is_final():
             out.pop(run.id, None)
             continue
         end = run.end_time or state.timestamp
-        out[run.id] = end.timestamp() if end else time.time()
+        why = (state.message or "crashed").splitlines()[0][:500] if state.is_crashed() else None
+        out[run.id] = (end.timestamp() if end else time.time(), why)
     return out
 
 

@@ -33,7 +33,7 @@ from starlette.requests import ClientDisconnect
 from day0.errors import (AuthError, BadRequest, ClientGone, JournalError, ReceiverError,
                          StoreError, TooLarge, Unavailable)
 from day0.receiver import auth
-from day0.receiver.checks import CheckRunner
+from day0.receiver.checks import CheckRunner, StoreProbe
 from day0.receiver.completeness import Checker, make_client, model_of, relevant
 from day0.receiver.events import (ObjectEvent, Release, parse_hf, parse_json, parse_release,
                                   parse_s3, parse_seaweedfs)
@@ -42,6 +42,7 @@ from day0.receiver.safety import EscapeFilter
 from day0.receiver.server import FramingGuard, uvicorn_config
 from day0.receiver.settings import ReceiverSettings, secret
 from day0.receiver.submit import Worker, watch
+from day0.store.retry import probe, settings as store_settings
 from day0.store.s3 import is_s3, parse_s3_uri
 
 log = logging.getLogger("day0.receiver")
@@ -110,6 +111,7 @@ class Receiver:
         self.checker = Checker(self.journal, factory, settings.checkpoint, settings.targets)
         # store calls get their own bounded threads: a slow store must not delay anything else
         self.runner = CheckRunner(self.checker, settings.checks)
+        self.probe = StoreProbe(lambda: _probe_store(settings), store_settings().probe.cache_s)
         self.worker = Worker(self.journal, self.runner, settings)
         self.runner.on_done(self.worker.wake)
 
@@ -394,11 +396,19 @@ def _add_event_routes(app: FastAPI, settings: ReceiverSettings) -> None:
             [parse_release(parse_json(body, max_keys), settings.release_sources)])
 
 
+def _probe_store(settings: ReceiverSettings) -> str | None:
+    """Why the receiver's store does not answer one brief request now; None when it does."""
+    timeout = store_settings().probe.timeout_s
+    brief = settings.s3.model_copy(update={"request_timeout_s": timeout, "max_attempts": 1})
+    return probe(make_client(brief))
+
+
 def _add_health_route(app: FastAPI, settings: ReceiverSettings) -> None:
     @app.get("/healthz")
     async def healthz(request: Request):
         rec = _receiver(request)
-        store = rec.runner.report()
+        # the store as it is now: a bounded probe (cached), not only the last check's outcome
+        store = rec.runner.report(await asyncio.to_thread(rec.probe.result))
         healthy = rec.worker.alive and store["state"] != "degraded"
         status = "ok" if healthy else "degraded"
         try:

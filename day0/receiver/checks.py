@@ -5,7 +5,9 @@ checks run on their own bounded thread pool (`checks.concurrency` threads, at mo
 `checks.queue` waiting), one at a time per prefix, and every caller waits for them with a
 deadline instead of joining them. Threads cannot be killed, so a stuck check keeps its thread
 until botocore's own timeouts (s3.request_timeout_s x s3.max_attempts per request) end it;
-meanwhile it counts as "stuck" and the store is reported degraded.
+meanwhile it counts as "stuck" and the store is reported degraded. /healthz also asks the store
+itself (StoreProbe: one brief request, cached a few seconds), so an outage shows while no
+check runs.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Callable
 
 from day0.receiver.completeness import Checker, StoreError
@@ -41,14 +44,59 @@ class StoreHealth:
                 self.since = time.time()
             self.state, self.detail = "degraded", escape(detail, 500)
 
-    def report(self, oldest_running_s: float | None, running: int, queued: int) -> dict:
+    def report(self, oldest_running_s: float | None, running: int, queued: int,
+               probe: "ProbeResult | None" = None) -> dict:
+        """The store as it is: degraded when the probe finds it down (whatever the last check
+        said: no check may have run since it went), a check is stuck, or the last check failed;
+        ok when the probe reaches it and no check failed."""
         with self._lock:
             state, detail, since = self.state, self.detail, self.since
         if oldest_running_s is not None and oldest_running_s > self.timeout_s:
             state = "degraded"
             detail = f"a store check has been running for {oldest_running_s:.0f} s"
-        return {"state": state, "detail": detail, "since": since, "checks_running": running,
-                "checks_queued": queued}
+        if probe is not None and probe.down:
+            if state != "degraded":
+                since = probe.since
+            state, detail = "degraded", escape(probe.down, 500)
+        elif probe is not None and state == "unknown":
+            state = "ok"  # no check yet, but the store answers
+        out = {"state": state, "detail": detail, "since": since, "checks_running": running,
+               "checks_queued": queued}
+        if probe is not None:
+            out["probe"] = {"reachable": probe.down is None, "at": probe.at}
+        return out
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    down: str | None  # why the store did not answer; None: it answered
+    at: float  # when it was asked (epoch seconds)
+    since: float  # since when it has been in this condition
+
+
+class StoreProbe:
+    """Is the store up? One brief request (day0.store.retry.probe), asked at most once per
+    store.yaml probe.cache_s; callers meanwhile get the last answer instead of waiting."""
+
+    def __init__(self, ask: Callable[[], str | None], cache_s: float):
+        self._ask, self.cache_s = ask, cache_s
+        self._lock = threading.Lock()  # one probe in flight
+        self._last: ProbeResult | None = None
+
+    def result(self) -> ProbeResult:
+        last = self._last
+        if last is not None and time.time() - last.at < self.cache_s:
+            return last
+        if not self._lock.acquire(blocking=last is None):
+            return last  # another caller is asking: its answer is at most a probe away
+        try:
+            down = self._ask()
+            now = time.time()
+            same = last is not None and (last.down is None) == (down is None)
+            self._last = ProbeResult(down, now, last.since if same else now)
+            return self._last
+        finally:
+            self._lock.release()
 
 
 class CheckRunner:
@@ -123,12 +171,13 @@ class CheckRunner:
         """A caller gave up waiting for this prefix's check after checks.timeout_s."""
         self.health.failed(f"check of s3://{bucket}/{prefix} took longer than {self.cfg.timeout_s:g} s")
 
-    def report(self) -> dict:
+    def report(self, probe: ProbeResult | None = None) -> dict:
         now = time.monotonic()
         with self._lock:
             oldest = min(self._started.values(), default=None)
             running, queued = len(self._started), len(self._inflight) - len(self._started)
-        return self.health.report(None if oldest is None else now - oldest, running, queued)
+        return self.health.report(None if oldest is None else now - oldest, running, queued,
+                                  probe)
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -11,6 +11,9 @@ a receiver killed at any moment loses nothing it acknowledged. Tables:
   announcement that came after the run's end but before the worker saw it end is not lost:
   finishing a row whose `announced_at` is later than the run's end adds the next row then.
   Each row's Prefect idempotency key is day0.store.identity.dedupe_key(..., seq).
+  A run that crashed (its process died: no verdict) finishes its row with `crashed` set and
+  adds the next row at once, `reruns` + 1, up to the receiver's submit.crash_attempts; the
+  last one that crashes leaves `last_error` naming every attempt.
 - prefixes: one row per (bucket, prefix) that may hold a checkpoint; `generation` counts the
   events recorded, `checked` the generation the last completeness check covered, so a
   prefix with generation > checked still needs a check (also after a restart).
@@ -51,6 +54,8 @@ CREATE TABLE IF NOT EXISTS releases (
     announced_source TEXT,
     announced_origin TEXT,
     finished_at REAL,
+    reruns INTEGER NOT NULL DEFAULT 0,
+    crashed TEXT,
     UNIQUE (model, revision, target, seq)
 );
 """
@@ -149,6 +154,10 @@ class Journal:
             if columns and "seq" not in columns:
                 self._migrate_v1()
             self._db.executescript(SCHEMA)
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(releases)")}
+            for column, kind in (("reruns", "INTEGER NOT NULL DEFAULT 0"), ("crashed", "TEXT")):
+                if column not in columns:  # a journal from before crashed runs were run again
+                    self._db.execute(f"ALTER TABLE releases ADD COLUMN {column} {kind}")
 
     def _migrate_v1(self) -> None:
         """A journal from before runs were kept: its rows become each release's first run."""
@@ -240,38 +249,58 @@ class Journal:
             "SELECT id, flow_run_id FROM releases WHERE status = 'submitted' AND id > ?"
             " ORDER BY id LIMIT ?", (after_id, limit))]
 
-    def finish_runs(self, ended: dict[int, float]) -> int:
-        """Mark releases finished, by id -> end time of their run (epoch s); a release announced
-        again after its run's end gets its next run. Returns how many next runs were added."""
-        now = time.time()
+    def finish_runs(self, ended: dict[int, float], crashed: dict[int, str] | None = None,
+                    attempts: int = 3) -> int:
+        """Mark releases finished, by id -> end time of their run (epoch s). A run in crashed
+        (id -> why) gets its release run again while fewer than `attempts` runs of it crashed
+        in a row; else the row keeps why it gave up. A release announced again after its run's
+        end gets its next run. Returns how many runs were added."""
+        now, crashed = time.time(), crashed or {}
 
         def fn(db: sqlite3.Connection) -> int:
             added = 0
             for release_id, end in ended.items():
                 row = db.execute(
                     "SELECT model, revision, target, seq, source, origin, announced_at,"
-                    " announced_source, announced_origin FROM releases"
+                    " announced_source, announced_origin, reruns, flow_run_id FROM releases"
                     " WHERE id = ? AND status = 'submitted'", (release_id,)).fetchone()
                 if row is None:
                     continue
-                model, revision, target, seq, source, origin, announced, a_source, a_origin = row
-                db.execute("UPDATE releases SET status = 'finished', finished_at = ? WHERE id = ?",
-                           (end, release_id))
-                if announced is not None and announced > end:  # clocks: receiver vs Prefect
+                (model, revision, target, seq, source, origin, announced, a_source, a_origin,
+                 reruns, run_id) = row
+                why = crashed.get(release_id)
+                db.execute("UPDATE releases SET status = 'finished', finished_at = ?, crashed = ?"
+                           " WHERE id = ?", (end, why, release_id))
+                again = why is not None and reruns + 1 < attempts
+                if why is not None and not again:
+                    runs = [r for (r,) in db.execute(
+                        "SELECT flow_run_id FROM releases WHERE model = ? AND revision = ? AND"
+                        " target = ? AND seq > ? ORDER BY seq", (model, revision, target,
+                                                                  seq - reruns - 1))]
+                    db.execute("UPDATE releases SET last_error = ? WHERE id = ?", (
+                        f"ERROR: gave up after {reruns + 1} crashed run(s) ({', '.join(runs)});"
+                        f" the last: {why}"[:2000], release_id))
+                if again or (announced is not None and announced > end):  # clocks: receiver vs Prefect
                     cur = db.execute(
                         "INSERT OR IGNORE INTO releases (model, revision, target, seq, source,"
-                        " origin, accepted_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        " origin, accepted_at, reruns, last_error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (model, revision, target, seq + 1, a_source or source, a_origin or origin,
-                         announced or now))
+                         announced or now, reruns + 1 if again else 0,
+                         f"run {run_id} crashed: {why}"[:2000] if again else None))
                     added += cur.rowcount
             return added
 
         return self._write(fn)
 
+    def gave_up(self, release_ids: list[int]) -> list[dict]:
+        """Those of release_ids whose crashed run was the last attempt (no next row)."""
+        return [r for r in self.releases() if r["id"] in set(release_ids)
+                and (r["last_error"] or "").startswith("ERROR: gave up")]
+
     def releases(self) -> list[dict]:
         cols = ("id", "model", "revision", "target", "seq", "source", "origin", "status",
                 "flow_run_id", "attempts", "last_error", "accepted_at", "submitted_at",
-                "announced_at", "finished_at")
+                "announced_at", "finished_at", "reruns", "crashed")
         rows = self._read(f"SELECT {', '.join(cols)} FROM releases ORDER BY id")
         return [dict(zip(cols, row)) for row in rows]
 
@@ -340,8 +369,10 @@ class Journal:
         unchecked = self._read("SELECT COUNT(*) FROM prefixes WHERE generation > checked")[0][0]
         last_error = self._read("SELECT last_error FROM releases WHERE status = 'pending'"
                                 " AND last_error IS NOT NULL ORDER BY id DESC LIMIT 1")
+        crashed = self._read("SELECT COUNT(*) FROM releases WHERE crashed IS NOT NULL")[0][0]
         return {"releases": {"pending": by_status.get("pending", 0),
                              "submitted": by_status.get("submitted", 0),
                              "finished": by_status.get("finished", 0)},
                 "prefixes": {**by_state, "unchecked": unchecked},
+                "crashed_runs": crashed,
                 "last_submit_error": last_error[0][0] if last_error else None}

@@ -139,6 +139,10 @@ class SubmitSettings(_Strict):
     backoff_initial_s: float = Field(1.0, gt=0, description="First retry delay when Prefect fails.")
     backoff_max_s: float = Field(60.0, gt=0, description="Longest retry delay.")
     poll_s: float = Field(5.0, gt=0, description="Idle wake-up interval of the worker.")
+    crash_attempts: int = Field(3, ge=1, le=20, description=(
+        "Runs of one release whose process died (Crashed: no verdict) before the receiver gives "
+        "up on it; each crash submits the release again at once. The journal's last row then "
+        "names every attempt (GET /healthz counts crashed runs)."))
     emit_events: bool = Field(True, description=(
         "Emit a Prefect event 'day0.release.accepted' (resource day0.release.<model>) per release."))
 

@@ -206,10 +206,20 @@ class Worker:
             log.warning("reading the state of %d submitted runs failed: %s", len(ids), exc)
             return
         if ended:
+            crashed = {ids[run_id]: why for run_id, (_, why) in ended.items() if why is not None}
+            for run_id, (_, why) in ended.items():
+                if why is not None:
+                    log.warning("flow run %s crashed (%s): its release is run again, at most %d "
+                                "attempts in all", run_id, why, self.settings.submit.crash_attempts)
             added = await asyncio.to_thread(
-                self.journal.finish_runs, {ids[run_id]: end for run_id, end in ended.items()})
+                self.journal.finish_runs, {ids[run_id]: end for run_id, (end, _) in ended.items()},
+                crashed, self.settings.submit.crash_attempts)
             if added:
-                log.info("%d release(s) announced again after their run ended: new runs", added)
+                log.info("%d release(s) run again (a crashed run, or announced after its run "
+                         "ended)", added)
+            for row in await asyncio.to_thread(self.journal.gave_up, list(crashed)):
+                log.error("release %s@%s on %s: %s", row["model"], row["revision"],
+                          row["target"], row["last_error"])
 
     async def _submit(self, client, row: ReleaseRow, limit: asyncio.Semaphore) -> None:
         s = self.settings

@@ -10,6 +10,10 @@ state, decided here without Prefect (flows/validate.py and tasks/artifacts.py ap
   infrastructure died (day0's housekeeping sets that for a killed `day0 validate`), while a stage
   that could not finish is a finding the flow reports with a verdict. The message is the report's
   headline (the verdict and the first failing gate, the broken stage or checkpoint problem).
+* a run whose report the results store did not take (Report.unpublished: kept in the outbox)
+  is not Completed whatever its verdict: Failed named "NOT PUBLISHED", its message the verdict,
+  why and where the files are kept. Once the outbox is drained, the run is set to its verdict's
+  state (day0.orchestration.outbox), so Prefect never shows a verdict the store does not hold.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from day0.errors import shorten
 VERDICT_TAG, MODEL_TAG, REVISION_TAG, TARGET_TAG = "verdict:", "model:", "revision:", "target:"
 TAG_PREFIXES = (VERDICT_TAG, MODEL_TAG, REVISION_TAG, TARGET_TAG)
 VERDICTS = ("PASS", "FAIL", "ERROR", "BROKEN")
+NOT_PUBLISHED = "NOT PUBLISHED"  # a verdict the results store does not hold yet
 KEY_MAX = 100  # keeps keys readable in the UI; longer ones end in a digest
 
 
@@ -69,9 +74,13 @@ class FinalState:
 
 
 def final_state(report) -> FinalState:
-    """The state a run of `report` (day0.verdict.report.Report) ends in."""
+    """The state a run of `report` (day0.verdict.report.Report) ends in: its verdict's, or
+    Failed "NOT PUBLISHED" while the store does not hold it."""
     from day0.rendering.report import headline
 
+    if report.unpublished:
+        return FinalState(False, NOT_PUBLISHED, shorten(
+            f"{report.verdict}, not published: {report.unpublished}", 400, tail=0.6))
     return FinalState(completed=report.verdict == "PASS", name=report.verdict,
                       message=shorten(headline(report), 400))
 
@@ -84,4 +93,4 @@ def stage_state(failure: str | None, error: str | None, stage: str) -> FinalStat
 
 
 __all__ = ["BRING_UP_TAG", "PARTIAL_TAG", "run_name", "run_tags", "merge_tags", "slug", "artifact_key", "FinalState",
-           "final_state", "stage_state", "TAG_PREFIXES", "VERDICTS"]
+           "final_state", "stage_state", "TAG_PREFIXES", "VERDICTS", "NOT_PUBLISHED"]

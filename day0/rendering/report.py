@@ -172,6 +172,8 @@ def to_markdown(report: Report, images: dict[str, str] | None = None) -> str:
     ]
     if report.results_uri:
         parts.insert(-1, f"- results: `{report.results_uri}`")
+    if report.unpublished:  # the local report.md and the Prefect artifact say where it waits
+        parts.insert(-1, f"- **not published**: {report.unpublished}")
     if report.errors:
         parts += ["## Errors\n"] + [f"- {e}" for e in report.errors] + [""]
     parts += ["## Gates\n", _table(gate_rows(report, markup=True))]

@@ -11,14 +11,15 @@ from pathlib import Path
 from day0.errors import StackError
 from day0.orchestration import prefect_db
 from day0.stack import procs
-from day0.stack.core import (BUCKET, RECEIVER_SECRETS, REGION, Layout, Proc, StackState,
-                             _get, _write_private, wait_until)
+from day0.stack.core import (BUCKET, MARK_PART, RECEIVER_SECRETS, REGION, Layout, Proc,
+                             StackState, _get, _write_private, wait_until)
 
 
 def _launch(name: str, cmd: list[str], env: dict, layout: Layout, ports: list[int],
             cwd: Path | None = None) -> Proc:
     log = layout.logs / f"{name}.log"
-    proc = procs.spawn(cmd, env=env, cwd=cwd or layout.root, log=log)
+    # the part's name in its environment: its orphans are found by it (day0.stack.core)
+    proc = procs.spawn(cmd, env={**env, MARK_PART: name}, cwd=cwd or layout.root, log=log)
     return Proc(name=name, pid=proc.pid, ticks=procs.start_ticks(proc.pid), ports=ports,
                 log=str(log))
 
@@ -125,11 +126,17 @@ def start_seaweedfs(state: StackState, env: dict, secrets: dict, layout: Layout,
     _write_private(conf / "notification.toml", notification_toml(
         f"{state.receiver_url}/v1/events/seaweedfs", secrets["DAY0_SEAWEEDFS_TOKEN"]))
     p = state.ports
-    cmd = [weed, "server", f"-dir={layout.weed_data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+    logs = layout.logs / "seaweedfs"  # weed's own log files (else /tmp/weed.*); -logdir is global
+    logs.mkdir(parents=True, exist_ok=True)
+    cmd = [weed, f"-logdir={logs}", "server", f"-dir={layout.weed_data}", "-ip=127.0.0.1",
+           "-ip.bind=127.0.0.1",
            f"-master.port={p['master']}", f"-volume.port={p['volume']}", "-filer",
            f"-filer.port={p['filer']}", "-s3", f"-s3.port={p['s3']}",
            f"-s3.config={conf / 's3.json'}", "-s3.port.iceberg=0", "-s3.port.lance=0",
            "-master.telemetry=false", "-volume.preStopSeconds=0",
+           # one master: a restart on kept raft state waits this long for its election (10 s
+           # by default, ~15 s to healthy; 3 s with 1 s)
+           "-master.electionTimeout=1s",
            "-master.volumeSizeLimitMB=256", "-volume.max=100"]
     ports = [q for name in ("s3", "master", "volume", "filer")
              for q in (p[name], p[name] + procs.GRPC_OFFSET)]
@@ -166,14 +173,17 @@ def start_serve(state: StackState, env: dict, layout: Layout, timeout_s: float):
     proc = _launch("serve", [sys.executable, "-m", "day0.cli", "serve", "--name", name,
                              "--target", state.target], env, layout, [])
 
+    return proc, lambda: wait_until(polled_since(state, launched), proc, timeout_s,
+                                    f"deployment {state.deployment} polled")
+
+
+def polled_since(state: StackState, since: dt.datetime):
+    """A check: the deployment exists and a runner polled it since `since` (an earlier up
+    left it registered, so existing is not enough)."""
     def healthy() -> bool:
-        # this process polls for runs: the deployment exists and was polled since its start
-        # (an earlier up left the deployment registered)
         code, body = _get(f"{state.api_url}/deployments/name/{state.deployment}")
         if code != 200:
             return False
         polled = json.loads(body).get("last_polled")
-        return bool(polled) and dt.datetime.fromisoformat(polled.replace("Z", "+00:00")) >= launched
-
-    return proc, lambda: wait_until(healthy, proc, timeout_s,
-                                    f"deployment {state.deployment} polled")
+        return bool(polled) and dt.datetime.fromisoformat(polled.replace("Z", "+00:00")) >= since
+    return healthy

@@ -15,6 +15,16 @@ retries) and drops it when nobody listens, so the receiver is listening before t
 can exist. ``down`` stops them in reverse order (process group, session and descendants;
 SIGTERM, then SIGKILL) and checks that every port refuses connections.
 
+Every process the stack starts carries ``DAY0_STACK_ID=<state folder>`` and
+``DAY0_STACK_PART=<name>`` in its environment, and children inherit them: ``down``, ``restart``
+and ``up`` find a part's orphans by them (a flow run outlives a killed ``day0 serve``, a stage
+may make a session of its own), besides the leader's session, which outlives the leader.
+
+Ports belong to the state folder: the first ``up`` takes the given ones, else the defaults when
+free, else free ones, and every later ``up`` or ``restart`` keeps them; one that something else
+took is a StackError naming it, never a silent move (the URLs in client.env, the UI's address
+and the filer's webhook would all change).
+
 Secrets are generated once, written to ``<state>/secrets.env`` (0600) and reused by every
 later ``up``; only their names and the file's path are ever printed.
 """
@@ -60,6 +70,10 @@ DEFAULT_PORTS = {"prefect": 4200, "receiver": 8787, "s3": 8333, "master": 9333, 
                  "filer": 8888}
 WEED_PORTS = ("s3", "master", "volume", "filer")
 ORDER = ("prefect", "receiver", "seaweedfs", "serve")
+PART_PORTS = {"prefect": ("prefect",), "receiver": ("receiver",), "seaweedfs": WEED_PORTS,
+              "serve": ()}
+ALIASES = {"store": "seaweedfs"}  # the issue's and the docs' word for the object store
+MARK, MARK_PART = "DAY0_STACK_ID", "DAY0_STACK_PART"
 
 
 class _Strict(BaseModel):
@@ -179,25 +193,49 @@ def ensure_secrets(path: Path, out: Out) -> dict[str, str]:
     return {name: have[name] for name in SECRETS}
 
 
+def twins(name: str, port: int) -> tuple[int, ...]:
+    """port and, for a SeaweedFS one, its gRPC twin (port + 10000)."""
+    return (port, port + procs.GRPC_OFFSET) if name in WEED_PORTS else (port,)
+
+
+def port_taken(name: str, port: int, busy: int | None = None) -> StackError:
+    """The error of a kept port (or busy, its gRPC twin) that something else holds: what to
+    stop, or how to move it."""
+    part = next(p for p, names in PART_PORTS.items() if name in names)
+    busy = busy or port
+    kind = f"{name} gRPC" if busy != port else name
+    move = f"`day0 stack down`, then DAY0_STACK_{name.upper()}_PORT=<port> `day0 stack up`"
+    return StackError(f"port {busy} ({kind}) is taken by another process", field=part,
+                      fix=f"stop what holds it (ss -ltnp 'sport = :{busy}'), or move it: {move}")
+
+
 def choose_ports(given: dict[str, int | None], previous: dict[str, int] | None) -> dict[str, int]:
-    """Given ports must be free; others: the previous up's, else the default, else any free."""
+    """Given ports must be free (ConfigError); others are the previous up's (StackError when
+    something else took one: no silent move), else the default when free, else a free one."""
     chosen: dict[str, int] = {}
     taken: set[int] = set()
     for name, default in DEFAULT_PORTS.items():
-        grpc = name in WEED_PORTS
-        want = given.get(name)
-        if want:
-            ok = procs.port_free(want) and (not grpc or procs.port_free(want + procs.GRPC_OFFSET))
-            if not ok or want in taken:
+        want, kept = given.get(name), (previous or {}).get(name)
+        port = want or kept
+        if port:
+            busy = [q for q in twins(name, port) if q in taken or not procs.port_free(q)]
+            if busy:
+                if not want:
+                    raise port_taken(name, port, busy[0])
+                grpc = name in WEED_PORTS
                 twin = f" and {want + procs.GRPC_OFFSET} (its gRPC port)" if grpc else ""
                 raise ConfigError(f"port {want}{twin} is not free", field=f"{name} port",
-                                  fix="pick another port or leave it out (a free one is chosen)")
-            port = want
+                                  fix="pick another port, or leave it out (the last up's is kept)")
         else:
-            port = procs.pick_port([(previous or {}).get(name), default], taken, grpc=grpc)
+            port = procs.pick_port([default], taken, grpc=name in WEED_PORTS)
         chosen[name] = port
-        taken |= {port, port + procs.GRPC_OFFSET} if grpc else {port}
+        taken |= set(twins(name, port))
     return chosen
+
+
+def marker(layout: "Layout", part: str | None = None) -> dict[str, str]:
+    """The environment variables that mark the stack's processes (of one part, when given)."""
+    return {MARK: str(layout.root), **({MARK_PART: part} if part else {})}
 
 
 def base_env(state: StackState, secrets: dict[str, str], layout: Layout) -> dict[str, str]:
@@ -217,6 +255,7 @@ def base_env(state: StackState, secrets: dict[str, str], layout: Layout) -> dict
         "DAY0_S3_ACCESS_KEY": secrets["DAY0_S3_ACCESS_KEY"],
         "DAY0_S3_SECRET_KEY": secrets["DAY0_S3_SECRET_KEY"],
         "PYTHONUNBUFFERED": "1",
+        **marker(layout),  # inherited by every descendant: how down finds orphans
     })
     return env
 

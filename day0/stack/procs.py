@@ -2,8 +2,10 @@
 
 A process is named by (pid, start time in clock ticks from /proc/<pid>/stat), so a pid the
 kernel reused for someone else's process is never signalled. Stopping takes the whole tree:
-the process group, every process of its session and every descendant seen before the first
-signal (a stage child may have made a session of its own), SIGTERM first, SIGKILL after a grace.
+the process group, every process of its session and every descendant (a stage child may have
+made a session of its own), SIGTERM first, SIGKILL after a grace. The leader may be dead
+already: its session outlives it, and what carries the caller's environment marker (the stack
+sets one in every process it starts) is found however it was re-parented.
 """
 
 from __future__ import annotations
@@ -48,25 +50,72 @@ def spawn(cmd: list[str], *, env: dict, cwd: Path, log: Path) -> subprocess.Pope
                                 stdin=subprocess.DEVNULL, start_new_session=True)
 
 
-def tree(pid: int) -> set[int]:
-    """pid, its descendants and the members of its session (pid is a session leader)."""
-    parents: dict[int, int] = {}
-    found = {pid}
+def _table() -> dict[int, tuple[str, int, int, int]]:
+    """stat() of every process now."""
+    found = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        s = stat(int(entry.name))
-        if s is None:
-            continue
-        parents[int(entry.name)] = s[1]
-        if s[2] == pid:
-            found.add(int(entry.name))
+        if entry.name.isdigit() and (s := stat(int(entry.name))) is not None:
+            found[int(entry.name)] = s
+    return found
+
+
+def _descendants(roots: set[int], table: dict) -> set[int]:
+    found = set(roots)
     grew = True
     while grew:
-        kids = {p for p, parent in parents.items() if parent in found} - found
+        kids = {p for p, s in table.items() if s[1] in found} - found
         grew = bool(kids)
         found |= kids
     return found
+
+
+def tree(pid: int) -> set[int]:
+    """pid, its descendants and the members of its session (pid is a session leader)."""
+    table = _table()
+    return _descendants({pid} | {p for p, s in table.items() if s[2] == pid}, table)
+
+
+def marked(marker: dict[str, str]) -> set[int]:
+    """Processes of this user whose environment (as they were started) holds every NAME=VALUE
+    of marker: children inherit it whatever their session or parent became."""
+    want = {f"{k}={v}".encode() for k, v in marker.items()}
+    found = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and entry.stat().st_uid == os.getuid():
+                if want <= set((entry / "environ").read_bytes().split(b"\0")):
+                    found.add(int(entry.name))
+        except OSError:  # gone, or not readable (another user's, a setuid one)
+            pass
+    return found
+
+
+def _ancestors() -> set[int]:
+    """This process and its ancestors: never signalled (a stack command run from a stack
+    process must not kill itself)."""
+    found, pid = set(), os.getpid()
+    while pid > 1 and pid not in found:
+        found.add(pid)
+        pid = (stat(pid) or ("", 0))[1]
+    return found
+
+
+def members(pid: int | None, ticks: int | None,
+            marker: dict[str, str] | None = None) -> dict[int, int]:
+    """{pid: start ticks} of what belongs to the process (pid, ticks), alive or dead: it, its
+    session (which outlives it: the kernel reuses no pid still naming a session), what carries
+    marker, and every descendant of those. A reused pid (other ticks) names nobody's session;
+    pid None: only what carries marker."""
+    table = _table()
+    own = table.get(pid) if pid else None
+    reused = own is not None and ticks is not None and own[3] != ticks
+    roots = set()
+    if pid and pid > 0 and not reused:
+        roots = {pid} | {p for p, s in table.items() if s[2] == pid}
+    if marker:
+        roots |= marked(marker)
+    found = _descendants(roots, table) - _ancestors()
+    return {p: table[p][3] for p in found if p in table and table[p][0] not in ("Z", "X")}
 
 
 def _signal(pids: set[int], sig: int) -> None:
@@ -77,22 +126,31 @@ def _signal(pids: set[int], sig: int) -> None:
             pass
 
 
-def stop(pid: int, ticks: int | None, *, grace_s: float = 15.0) -> bool:
-    """SIGTERM the tree of pid (if it is still ours), SIGKILL what is left after grace_s;
-    True when nothing of it is left."""
-    if not alive(pid, ticks):
-        return True
-    members = {p: start_ticks(p) for p in tree(pid)}
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except (ProcessLookupError, PermissionError):
-        pass
-    _signal(set(members), signal.SIGTERM)
-    left = _wait_gone(members, grace_s)
+def stop_all(pid: int | None, ticks: int | None, *, marker: dict[str, str] | None = None,
+             grace_s: float = 15.0) -> tuple[set[int], set[int]]:
+    """SIGTERM what belongs to (pid, ticks) (see members; the leader may be dead already),
+    SIGKILL what is left after grace_s, looking again for what was born meanwhile.
+    Returns (the pids found alive, the pids still alive at the end)."""
+    found = members(pid, ticks, marker)
+    if not found:
+        return set(), set()
+    if pid in found:  # the group also reaches a child forked after the scan
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+    _signal(set(found), signal.SIGTERM)
+    left = _wait_gone(found, grace_s)
     if left:
+        left |= members(pid, ticks, marker)
         _signal(set(left), signal.SIGKILL)
         left = _wait_gone(left, 10.0)
-    return not left
+    return set(found), set(left)
+
+
+def stop(pid: int, ticks: int | None, *, grace_s: float = 15.0) -> bool:
+    """stop_all without a marker; True when nothing of it is left."""
+    return not stop_all(pid, ticks, grace_s=grace_s)[1]
 
 
 def _wait_gone(members: dict[int, int | None], timeout_s: float) -> dict[int, int | None]:
@@ -115,6 +173,10 @@ def port_free(port: int) -> bool:
     if not 0 < port < 65536:
         return False
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # as the servers bind (uvicorn and Go set SO_REUSEADDR): a port whose last server just
+        # stopped keeps TIME_WAIT connections for a minute, which block a plain bind but no
+        # server; only a listener (or a socket bound without the option) makes it taken
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:

@@ -16,12 +16,13 @@ checkpoint through this module, so the same weights get the same name everywhere
 * **weights digest**: the full digest the revision is cut from; it keys the stage cache
   (``weights_key``).
 * **results**: ``<base>/<model>/<revision>/<target>/runs/<run-id>/`` (report.json, report.md,
-  stages/*.json) - every run is kept, never overwritten - and ``<base>/<model>/<revision>/
-  <target>/latest.json`` = ``{"run_id", "uri", "created_at"}`` naming the newest run; it is only
-  replaced by a run whose id sorts after the one it names (run ids start with their UTC time,
-  ``new_run_id``). base: the given results URI, else ``$DAY0_RESULTS_URI``, else
-  ``s3://<source bucket>/day0-results`` for an s3 source; a local source without either is not
-  published. base may be s3:// or a local folder.
+  stages/*.json; report.json written last) - every run is kept, never overwritten - and
+  ``<base>/<model>/<revision>/<target>/latest.json`` = ``{"run_id", "uri", "created_at"}``
+  naming the newest run; it is only replaced by a run whose id sorts after the one it names (run
+  ids start with their UTC time, ``new_run_id``), so a run published late (day0.store.outbox)
+  never takes it back from a newer one. base: the given results URI, else
+  ``$DAY0_RESULTS_URI``, else ``s3://<source bucket>/day0-results`` for an s3 source; a local
+  source without either is not published. base may be s3:// or a local folder.
 
 **Dedupe** (the receiver): ``dedupe_key(model, revision, target)`` =
 ``day0:<model>@<revision>:<target>`` names one release on one target. Redeliveries, and an
@@ -355,11 +356,17 @@ def _point_latest(folder: str, run_id: str, run_uri: str) -> bool:
 
 def publish_run(files: dict[str, bytes], *, source: str, target_name: str,
                 model: str | None = None, revision: str | None = None, run_id: str,
-                results_uri: str | None = None, weights: str | None = None) -> str | None:
-    """Write one run's files to ``<base>/<model>/<revision>/<target>/runs/<run_id>/`` and point
-    latest.json at it when it is the newest; returns the run folder URI (ends in '/'), or None
-    when there is nowhere to publish (local source, no results URI). A run already published
-    under run_id is never overwritten (InputError). Store failures are InputErrors."""
+                results_uri: str | None = None, weights: str | None = None,
+                resume: bool = False, point_latest: bool = True) -> str | None:
+    """Write one run's files to ``<base>/<model>/<revision>/<target>/runs/<run_id>/``
+    (report.json last: a run folder holding it is whole) and point latest.json at it when it is
+    the newest; returns the run folder URI (ends in '/'), or None when there is nowhere to
+    publish (local source, no results URI). A run already published under run_id is never
+    overwritten (InputError), except with resume, for this same run again (a retry, an outbox
+    drain after a partial attempt): its report.json, when there, is byte for byte this one's.
+    Store failures are InputErrors (Unreachable when the store could not answer). Without
+    point_latest (a partial or interrupted run: evidence, not the release's verdict) the run
+    folder is written and latest.json left as it is."""
     if not _RUN_ID.match(run_id):
         raise InputError(f"run id {run_id!r} is not <UTC time>-<8 hex>", field="run_id",
                          fix="make it with day0.store.identity.new_run_id")
@@ -367,11 +374,16 @@ def publish_run(files: dict[str, bytes], *, source: str, target_name: str,
     if folder is None:
         return None
     run_uri = run_location(folder, run_id)
-    if _read(run_uri + "report.json") is not None or (not is_s3(run_uri) and Path(run_uri).exists()):
+    there = _read(run_uri + "report.json")
+    ours = resume and there in (None, files.get("report.json"))
+    if (there is not None or (not is_s3(run_uri) and Path(run_uri).exists())) and not ours:
         raise InputError("a run with this id is already published", file=run_uri,
                          fix="give every run its own id (day0.store.identity.new_run_id)")
-    write_results(run_uri, files)
-    _point_latest(folder, run_id, run_uri)
+    write_results(run_uri, {**{k: v for k, v in files.items() if k != "report.json"},
+                            **({"report.json": files["report.json"]} if "report.json" in files
+                               else {})})
+    if point_latest:
+        _point_latest(folder, run_id, run_uri)
     return run_uri
 
 

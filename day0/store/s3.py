@@ -17,7 +17,9 @@ DAY0_S3_CONNECT_TIMEOUT  seconds to connect (default 3); with 3 attempts a dead 
 
 Every failure becomes an :class:`~day0.errors.InputError` whose ``file`` is the s3:// URI and whose
 ``fix`` says what to change (missing bucket or prefix, no credentials, endpoint unreachable,
-access denied). A checkpoint "folder" is the set of objects directly under a prefix.
+access denied); a store that could not answer now (refused, timed out, 5xx) is an
+:class:`Unreachable`, which day0.store.retry asks again for a bounded time. A checkpoint "folder"
+is the set of objects directly under a prefix.
 """
 
 from __future__ import annotations
@@ -138,6 +140,16 @@ class NoSuchObject(InputError):
     """The object, or the byte range asked for, is not there (callers may wait for it)."""
 
 
+class Unreachable(InputError):
+    """The store could not answer now (refused, timed out, 5xx, throttled): worth asking again
+    (day0.store.retry does, for a bounded time); its message names the endpoint."""
+
+
+# answers that say "not now" rather than "no": the store is restarting, overloaded or throttling
+TRANSIENT_CODES = {"500", "502", "503", "504", "InternalError", "ServiceUnavailable", "SlowDown",
+                   "RequestTimeout", "Throttling", "ThrottlingException"}
+
+
 def translate_error(exc: Exception, uri: str | S3Uri, client=None) -> InputError:
     """An InputError (file = the URI, with a fix) for a boto3/botocore failure: the one mapping
     of S3 errors (the receiver's store checks use it too)."""
@@ -149,16 +161,19 @@ def translate_error(exc: Exception, uri: str | S3Uri, client=None) -> InputError
                         bx.CredentialRetrievalError)):
         return InputError(f"no S3 credentials ({type(exc).__name__})", file=where,
                           fix=CREDENTIALS_FIX)
-    if isinstance(exc, (bx.EndpointConnectionError, bx.ConnectTimeoutError,
-                        bx.ConnectionClosedError, bx.ReadTimeoutError, bx.ProxyConnectionError)):
-        return InputError(f"cannot reach the S3 endpoint {endpoint} ({type(exc).__name__})",
-                          file=where, fix="check DAY0_S3_ENDPOINT (or AWS_ENDPOINT_URL) and that "
-                                          "the object store is running and reachable")
+    # connection refused or reset, timeouts: every HTTP-level failure before an answer
+    if isinstance(exc, (bx.ConnectionError, bx.HTTPClientError)):
+        return Unreachable(f"cannot reach the S3 endpoint {endpoint} ({type(exc).__name__})",
+                           file=where, fix="check DAY0_S3_ENDPOINT (or AWS_ENDPOINT_URL) and that "
+                                           "the object store is running and reachable")
     if isinstance(exc, bx.ClientError):
         err = exc.response.get("Error", {})
         code = str(err.get("Code", "")) or str(exc.response.get("ResponseMetadata", {})
                                                 .get("HTTPStatusCode", ""))
         bucket = parse_s3_uri(where).bucket if is_s3(where) else "?"
+        if code in TRANSIENT_CODES:
+            return Unreachable(f"the S3 endpoint {endpoint} could not answer now ({code})",
+                               file=where, fix="check the object store's health and logs")
         if code == "NoSuchBucket":
             return InputError(f"bucket '{bucket}' does not exist at {endpoint}", file=where,
                               fix="correct the bucket name in the URI, or create the bucket")
@@ -313,9 +328,12 @@ class S3Reader:
     ``requests`` count what went over the wire.
     """
 
-    def __init__(self, uri: str | S3Uri, *, client=None):
+    def __init__(self, uri: str | S3Uri, *, client=None, retry=None):
         self.client = client or s3_client()
-        self.uri, self._objects = checkpoint_objects(uri, client=self.client)
+        # retry(call, where): day0.store.retry.retrying for readers that outlast an outage
+        self._retry = retry or (lambda call, where: call())
+        self.uri, self._objects = self._retry(
+            lambda: checkpoint_objects(uri, client=self.client), str(uri))
         self.path = str(parse_s3_uri(uri))  # what Checkpoint.source shows
         self.bytes_fetched = 0
         self.requests = 0
@@ -339,8 +357,12 @@ class S3Reader:
         args = {"Bucket": self.uri.bucket, "Key": info.key, "Range": f"bytes={start}-{end - 1}"}
         if info.etag:
             args["IfMatch"] = f'"{info.etag}"'
-        with _Guard(self.location(name), self.client):
-            data = self.client.get_object(**args)["Body"].read()
+
+        def get() -> bytes:
+            with _Guard(self.location(name), self.client):
+                return self.client.get_object(**args)["Body"].read()
+
+        data = self._retry(get, self.location(name))
         with self._lock:
             self.bytes_fetched += len(data)
             self.requests += 1
@@ -430,6 +452,6 @@ def write_results(where: str, files: dict[str, bytes | str | Path], *, client=No
 
 
 __all__ = ["S3Uri", "ObjectInfo", "S3Reader", "is_s3", "parse_s3_uri", "s3_client",
-           "client_settings", "translate_error", "NoSuchObject", "list_objects", "head_object",
-           "checkpoint_objects", "read_object", "put_object", "HEADER_PROBE_BYTES",
+           "client_settings", "translate_error", "NoSuchObject", "Unreachable", "list_objects",
+           "head_object", "checkpoint_objects", "read_object", "put_object", "HEADER_PROBE_BYTES",
            "write_results", "safe_segment"]

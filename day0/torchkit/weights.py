@@ -29,9 +29,9 @@ TORCH_DTYPES = {
 class WeightStore:
     """Tensors of one checkpoint by name (local folder or s3:// prefix)."""
 
-    def __init__(self, source: str | Path, *, tensors: dict | None = None):
+    def __init__(self, source: str | Path, *, tensors: dict | None = None, reader=None):
         self.source = str(source)
-        self.reader = open_reader(source)
+        self.reader = reader or open_reader(source)  # reader: one its caller opened already
         self.tensors = (tensors if tensors is not None
                         else read_checkpoint(self.reader).tensors)
         self._data_start: dict[str, int] = {}

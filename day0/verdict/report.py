@@ -84,10 +84,16 @@ class Report(BaseModel):
     day0_version: str = __version__
     results_uri: str | None = Field(None, description=(
         "Where report.json, report.md and stages/<stage>.json were published (day0.store.identity)."))
+    unpublished: str | None = Field(None, description=(
+        "Why the results store did not take this run's files, and the outbox folder keeping "
+        "them until it does (day0.store.outbox): the run ends Failed 'NOT PUBLISHED' and `day0 "
+        "validate` exits non-zero (3 for a PASS: exit_code). None when published or when there is no results store; "
+        "never in the published report.json."))
 
     @property
     def exit_code(self) -> int:
-        return self.exit_status if self.exit_status is not None else EXIT_CODES[self.verdict]
+        code = self.exit_status if self.exit_status is not None else EXIT_CODES[self.verdict]
+        return (code or 3) if self.unpublished else code  # an unpublished PASS is no success
 
 
 def exit_status_of(verdict: str, outcomes: dict[str, StageOutcome]) -> int:

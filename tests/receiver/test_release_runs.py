@@ -76,3 +76,47 @@ def test_a_journal_from_before_seq_is_migrated(tmp_path):
     j.finish_runs({old["id"]: time.time() + 1})
     assert j.accept([row()]) == [True] and j.due_releases()[0].seq == 2
     assert Journal(path).stats()["releases"]["finished"] == 1  # reopening migrates nothing twice
+
+
+def test_a_crashed_run_is_run_again_up_to_the_attempts_then_named(tmp_path):
+    j = Journal(tmp_path / "j.sqlite")
+    j.accept([row(origin="s3")])
+    first = submit(j, "run-1")
+    assert j.accept([row()]) == [False]  # re-uploaded while the run is stuck: merged ...
+    # ... and not dropped when that run ends Crashed: the release runs again at once
+    assert j.finish_runs({first.id: time.time()}, {first.id: "worker died"}, attempts=3) == 1
+    second = submit(j, "run-2")
+    assert (second.seq, second.source) == (2, "s3://models/acme/m")
+    assert j.finish_runs({second.id: time.time()}, {second.id: "again"}, attempts=3) == 1
+    third = submit(j, "run-3")
+    assert j.finish_runs({third.id: time.time()}, {third.id: "and again"}, attempts=3) == 0
+    assert j.due_releases() == [] and j.stats()["crashed_runs"] == 3
+    (last,) = j.gave_up([third.id])
+    assert last["last_error"] == ("ERROR: gave up after 3 crashed run(s) (run-1, run-2, run-3); "
+                                  "the last: and again")
+    assert j.gave_up([first.id, second.id]) == []
+    # a verdict resets the count: a later announcement starts from its first attempt
+    assert j.accept([row()]) == [True]
+    fourth = submit(j, "run-4")
+    assert j.finish_runs({fourth.id: time.time()}, {fourth.id: "died"}, attempts=3) == 1
+    assert [r["reruns"] for r in j.releases()] == [0, 1, 2, 0, 1]
+
+
+def test_a_verdict_is_never_run_again(tmp_path):
+    j = Journal(tmp_path / "j.sqlite")
+    j.accept([row()])
+    first = submit(j, "run-1")
+    assert j.finish_runs({first.id: time.time() + 1}, {}, attempts=3) == 0
+    assert j.due_releases() == [] and j.releases()[0]["crashed"] is None
+
+
+def test_a_journal_from_before_reruns_gets_the_columns(tmp_path):
+    path = tmp_path / "v2.sqlite"
+    Journal(path).close()
+    db = sqlite3.connect(str(path))
+    db.executescript("ALTER TABLE releases DROP COLUMN reruns; ALTER TABLE releases DROP COLUMN crashed;")
+    db.close()
+    j = Journal(path)
+    j.accept([row()])
+    first = submit(j, "run-1")
+    assert j.finish_runs({first.id: time.time()}, {first.id: "died"}) == 1

@@ -59,3 +59,21 @@ def test_broken_checkpoint_heads_the_report_and_exits_5(tmp_path):
     assert lines[2] == f"**BROKEN**: the checkpoint itself is broken: {problem}"
     assert lines[4] == "## The checkpoint is broken" and lines[6] == f"- {problem}"
     assert f"BROKEN checkpoint: {problem}" in verdict_table(report)
+
+
+def test_a_partial_or_interrupted_run_is_published_without_taking_latest(tmp_path, monkeypatch):
+    from day0.rendering.publish import publish_to_store
+    from day0.store import identity
+
+    monkeypatch.setenv("DAY0_RESULTS_URI", str(tmp_path))
+    stopped = StageOutcome(stage="scan", ok=False, failure="interrupted", error="signal 15")
+    published = []
+    for n, (partial, outcomes) in enumerate([([], {}), (["analysis"], {}),
+                                             ([], {"scan": stopped})]):
+        report = make_report()
+        report.partial = partial
+        report.identity = {"revision": "r1", "run_id": f"20261206T0{n}0000Z-0000000{n}"}
+        published.append(publish_to_store(report, outcomes))
+        assert published[-1].endswith(report.identity["run_id"] + "/")
+    latest = identity.read_latest(source="/m", target_name="cpu-bf16", revision="r1")
+    assert latest["uri"] == published[0]  # the full run, though the other two came later

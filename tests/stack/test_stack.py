@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import stat
 import subprocess
 import sys
@@ -184,19 +185,49 @@ def test_secrets_generated_once_private_and_reused(tmp_path):
     assert not any(v in line for v in first.values() for line in said)
 
 
-def test_ports_given_previous_default_or_free(tmp_path):
+def test_ports_given_kept_default_or_free(tmp_path):
+    """A given port must be free; without one a stack keeps its previous port, and one that
+    something else took is an error naming it and the fix, never a silent move."""
     import socket
 
     with socket.socket() as busy:
+        busy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         taken = busy.getsockname()[1]
         with pytest.raises(ConfigError, match=f"port {taken}"):
             core.choose_ports({"prefect": taken}, None)
         previous = {"prefect": taken, "receiver": free_ports(1)[0]}
-        chosen = core.choose_ports({}, previous)
-    assert chosen["prefect"] != taken and chosen["receiver"] == previous["receiver"]
+        with pytest.raises(StackError, match=f"port {taken} \\(prefect\\) is taken") as err:
+            core.choose_ports({}, previous)
+        assert err.value.field == "prefect" and "DAY0_STACK_PREFECT_PORT" in err.value.fix
+        given = free_ports(1)[0]
+        chosen = core.choose_ports({"prefect": given}, previous)  # a given port moves it
+    assert chosen["prefect"] == given and chosen["receiver"] == previous["receiver"]
     assert len(set(chosen.values())) == len(chosen)
+
+
+def test_a_port_in_time_wait_stays_free_for_the_next_up():
+    """The port of a server that closed its connections first holds them in TIME_WAIT for a
+    minute; servers bind it all the same (SO_REUSEADDR), so the stack keeps it (was: the next
+    up after a down moved every such port, Prefect 4200 -> 38512)."""
+    import socket
+
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port), timeout=5)
+    conn, _ = server.accept()
+    conn.close()  # the server's side closes first: it is the one left in TIME_WAIT
+    assert client.recv(1) == b""
+    client.close()
+    server.close()
+    tcp = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    assert any(f":{port:04X} " in line.split()[1] + " " and line.split()[3] == "06"
+               for line in tcp), f"no TIME_WAIT on port {port}"
+    assert procs.port_free(port)
 
 
 def test_env_keeps_no_outside_prefect_or_results_settings(tmp_path, monkeypatch):
@@ -255,3 +286,36 @@ def test_down_stops_the_whole_tree(tmp_path):
     control.down(layout.root, out=lambda line: None)
     assert not [p for p in members if procs.alive(p, None)]
     assert layout.load().procs == []
+
+
+def test_stop_takes_the_orphans_of_a_dead_leader_and_nobody_else(tmp_path):
+    """The leader SIGKILLed: its session outlives it (a flow run re-parented to PID 1 after
+    `day0 serve` died) and a process carrying the marker left the session (a stage); both
+    are stopped. A reused pid (other start ticks) names nothing."""
+    env = {**os.environ, "DAY0_TEST_MARK": str(tmp_path)}
+    leader = subprocess.Popen(["bash", "-c", "(sleep 300 &); sleep 300"], env=dict(os.environ),
+                              start_new_session=True)
+    stage = subprocess.Popen(["sleep", "300"], env=env, start_new_session=True)
+    try:
+        ticks = procs.start_ticks(leader.pid)
+
+        def orphans() -> list[int]:  # bash exec'd its last sleep; the subshell's one is orphaned
+            tree = procs.tree(leader.pid) - {leader.pid}
+            parents = {p: (procs.stat(p) or ("", 0))[1] for p in tree}
+            return [p for p, parent in parents.items() if parent != leader.pid and len(tree) == 1]
+
+        assert wait_until(orphans, 10), procs.tree(leader.pid)
+        (orphan,) = orphans()
+        assert procs.stop_all(leader.pid, ticks + 1, marker={"DAY0_TEST_MARK": "other"}) == (set(), set())
+        leader.kill()
+        leader.wait(10)
+        assert procs.alive(orphan, None)  # re-parented, still in the dead leader's session
+        found, left = procs.stop_all(leader.pid, ticks, marker={"DAY0_TEST_MARK": str(tmp_path)},
+                                     grace_s=5)
+        assert found == {orphan, stage.pid} and left == set()
+        assert stage.wait(10) == -signal.SIGTERM
+        assert not procs.alive(orphan, None)
+    finally:
+        for p in (leader, stage):
+            p.kill()
+            p.wait(10)

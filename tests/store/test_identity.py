@@ -170,6 +170,18 @@ def test_damaged_latest_is_replaced(tmp_path):
                                 results_uri=base)["run_id"] == run_id(5)
 
 
+def test_a_run_kept_without_taking_latest(tmp_path):
+    base = str(tmp_path)
+    full = identity.publish_run(FILES, source=str(LLAMA), target_name="cpu-bf16", revision="r1",
+                                run_id=run_id(1), results_uri=base)
+    later = identity.publish_run(FILES, source=str(LLAMA), target_name="cpu-bf16", revision="r1",
+                                 run_id=run_id(2), results_uri=base, point_latest=False)
+    assert (tmp_path / later.removeprefix(base + '/') / "report.json").is_file()
+    latest = lambda: identity.read_latest(source=str(LLAMA), target_name="cpu-bf16",  # noqa: E731
+                                          revision="r1", results_uri=base)["uri"]
+    assert latest() == full
+
+
 # --------------------------------------------------------------------------- s3 (SeaweedFS)
 
 @pytest.fixture

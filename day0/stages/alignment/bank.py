@@ -38,7 +38,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from day0.store import seal as _seal
 from day0.store.identity import cache_dir, results_location
-from day0.store.s3 import head_object, is_s3, put_object, read_object
+from day0.store.retry import read_optional, retrying
+from day0.store.s3 import is_s3, put_object
 
 FORMAT = 3  # 3: sealed, file digests, wide tensors. Bump when what a bank records, or how, changes
 META = "bank.json"
@@ -116,10 +117,18 @@ def _join(base: str, *parts: str) -> str:
 
 
 def _read(uri: str) -> bytes | None:
-    if is_s3(uri):
-        return read_object(uri) if head_object(uri) is not None else None
+    if is_s3(uri):  # asked again while the store cannot answer; StoreDown once it stays down
+        return read_optional(uri)
     path = Path(uri)
     return path.read_bytes() if path.is_file() else None
+
+
+def _reader(where: str):
+    """The part's reader: over s3, its listing and every ranged read wait out a short outage."""
+    from day0.checkpoint.files import open_reader
+    from day0.store.s3 import S3Reader
+
+    return S3Reader(where, retry=retrying) if is_s3(where) else open_reader(where)
 
 
 class BankWriter:
@@ -225,8 +234,7 @@ class Bank:
         """The part if it is complete, readable and verified (its seal, every file's digest,
         its dtypes); None otherwise, said in the log and, for a stored part that fails, why
         in rejected[part]."""
-        from day0.checkpoint.files import open_reader
-        from day0.errors import Day0Error
+        from day0.errors import Day0Error, StoreDown
         from day0.checkpoint.safetensors_header import read_header
         from day0.torchkit.weights import WeightStore
 
@@ -243,7 +251,7 @@ class Bank:
                 raise ValueError(f"bank.json names key {meta.key}, part {meta.part}")
             if why := _seal.broken(record):
                 raise ValueError(f"bank.json is not trusted: {why}")
-            reader = open_reader(where)
+            reader = _reader(where)
             _verify_files(meta, reader, where)
             tensors, problems = {}, []
             for shard in sorted(n for n in meta.files if n.endswith(".safetensors")):
@@ -253,7 +261,9 @@ class Bank:
             _verify_dtypes(meta, tensors)
             if meta.ops is not None and OPS not in meta.files:
                 raise ValueError(f"{OPS} is missing")
-            return cls(where, meta, WeightStore(where, tensors=tensors))
+            return cls(where, meta, WeightStore(where, tensors=tensors, reader=reader))
+        except StoreDown:  # the store's trouble, not the part's: the stage's ERROR, named
+            raise
         except (Day0Error, ValidationError, ValueError, OSError) as exc:
             why = f"fails verification: {str(exc).splitlines()[0][:240]}"
             log(f"reference bank: {where} {why}; not replayed: recomputing it")

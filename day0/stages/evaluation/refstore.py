@@ -54,12 +54,17 @@ def location(config: Config, source: str, revision: str | None, reference: Targe
 
 def load(where: str, name: str, notes: list[str] | None = None) -> dict | None:
     """The stored results when their seal verifies (day0.store.seal), or None: none stored,
-    unreadable, or not trusted (said in notes): recomputed."""
+    unreadable, or not trusted (said in notes): recomputed. A store that cannot answer is asked
+    again (day0.store.retry); one that stays down is StoreDown, the stage's ERROR."""
+    from day0.store.retry import read_optional
+
     uri = where + f"{name}.json"
     try:
-        raw = s3.read_object(uri) if s3.is_s3(where) else Path(uri).read_bytes()
+        raw = read_optional(uri) if s3.is_s3(where) else Path(uri).read_bytes()
+        if raw is None:
+            return None
         data = json.loads(raw)
-    except (OSError, ValueError, s3.NoSuchObject):
+    except (OSError, ValueError):
         return None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         return None

@@ -45,12 +45,15 @@ def location(store: str | None, source: str, revision: str | None, target_name: 
 
 
 def load(where: str) -> dict | None:
-    """The stored baseline, or None (none yet, or unreadable: reported as no baseline)."""
+    """The stored baseline, or None (none yet, or unreadable: reported as no baseline). A store
+    that cannot answer is asked again (day0.store.retry); one that stays down is StoreDown (the
+    stage's ERROR), never "no baseline", which would change the verdict."""
+    from day0.store.retry import read_optional
+
     try:
-        raw = (s3.read_object(where + NAME) if s3.is_s3(where)
-               else Path(where + NAME).read_bytes())
-        data = json.loads(raw)
-    except (OSError, ValueError, s3.NoSuchObject):
+        raw = read_optional(where + NAME) if s3.is_s3(where) else Path(where + NAME).read_bytes()
+        data = json.loads(raw) if raw is not None else None
+    except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) and data.get("format") == FORMAT else None
 
