@@ -294,8 +294,14 @@ class Journal:
 
     def gave_up(self, release_ids: list[int]) -> list[dict]:
         """Those of release_ids whose crashed run was the last attempt (no next row)."""
-        return [r for r in self.releases() if r["id"] in set(release_ids)
-                and (r["last_error"] or "").startswith("ERROR: gave up")]
+        if not release_ids:
+            return []
+        cols = ("id", "model", "revision", "target", "last_error")
+        rows = self._read(
+            f"SELECT {', '.join(cols)} FROM releases WHERE id IN"
+            f" ({', '.join('?' * len(release_ids))}) AND last_error LIKE 'ERROR: gave up%'",
+            tuple(release_ids))
+        return [dict(zip(cols, row)) for row in rows]
 
     def releases(self) -> list[dict]:
         cols = ("id", "model", "revision", "target", "seq", "source", "origin", "status",
