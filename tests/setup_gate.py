@@ -2,7 +2,8 @@
 none of them run: this plugin (loaded by tests/conftest.py) puts the modules holding a test
 marked docker, engine or browser after every other module, and holds each such test until the
 set-up has finished. Nothing is skipped: a failed set-up fails those tests with its log. Tests
-marked timing (they judge wall-clock figures) wait too, so no build runs beside them.
+marked timing (they judge wall-clock figures) wait too, so no build runs beside them, and then
+wait until the CPUs are quiet (tests/quiet.py).
 
 The Makefile names the set-up's status file in DAY0_SETUP_STATUS (its exit code, written when it
 ends) and its log in DAY0_SETUP_LOG; without DAY0_SETUP_STATUS (a plain pytest run) nothing waits
@@ -16,6 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.quiet import wait_until_quiet
 
 NEEDS_SETUP = ("docker", "engine", "browser", "timing")
 WAIT_S = float(os.environ.get("DAY0_SETUP_WAIT_S", "2700"))  # the slowest set-up, on a cold CI
@@ -68,3 +71,5 @@ def wait_for_setup() -> None:
 def pytest_runtest_setup(item):
     if needs_setup(item):
         wait_for_setup()
+    if item.get_closest_marker("timing"):
+        wait_until_quiet()

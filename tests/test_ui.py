@@ -112,6 +112,18 @@ def _validate_all(server: UiServer, tmp_path, runs: dict[str, list[str]]) -> dic
     return done
 
 
+def _logs_when_finished(ui_server, run_id: str, wait_s: float = 30) -> list[str]:
+    """The run's log lines once its closing line ("Finished in state ...") has arrived."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        logs = [log["message"] for log in ui_server.post("/logs/filter", {
+            "logs": {"flow_run_id": {"any_": [run_id]}}, "sort": "TIMESTAMP_ASC", "limit": 200})]
+        if any(line.startswith("Finished in state") for line in logs[-5:]):
+            return logs
+        assert time.monotonic() < deadline, f"run {run_id}: no closing log line in {wait_s} s"
+        time.sleep(0.5)
+
+
 def test_verdicts_and_plots_show_in_the_prefect_ui(ui_server, tmp_path):
     chromium = find_chromium()
     if not chromium:
@@ -166,6 +178,12 @@ def test_verdicts_and_plots_show_in_the_prefect_ui(ui_server, tmp_path):
     report = keys["day0-report-tiny-llama-cpu-bf16-perturbed"]
     plot = keys["day0-plot-alignment-layers-tiny-llama-cpu-bf16-perturbed"]
 
+    # the partial run says so in its logs, which reach the server after its state: wait for them
+    # there before a page loads them
+    partial = "partial: stages analysis, alignment"
+    for verdict, run in by_verdict.items():
+        logs = _logs_when_finished(ui_server, run["id"])
+        assert any(partial in line for line in logs) == (verdict == "ERROR"), logs
     with Chromium(tmp_path / "chromium") as browser:
         with browser.page(f"{ui_server.url}/runs", height=1300) as page:
             page.wait_for("['PASS', 'FAIL', 'ERROR'].every(s => document.body.innerText"
@@ -174,14 +192,14 @@ def test_verdicts_and_plots_show_in_the_prefect_ui(ui_server, tmp_path):
             page.dump_dom(shots / "runs.html")
         for verdict, run in by_verdict.items():
             with browser.page(f"{ui_server.url}/runs/flow-run/{run['id']}") as page:
-                page.wait_for(f"document.body.innerText.includes({json.dumps(run['name'])}) && "
-                              f"document.body.innerText.split(/\\s+/).includes('{verdict}')",
+                expected = [run["name"], partial] if verdict == "ERROR" else [run["name"]]
+                page.wait_for(" && ".join(f"document.body.innerText.includes({json.dumps(t)})"
+                                          for t in expected) +
+                              f" && document.body.innerText.split(/\\s+/).includes('{verdict}')",
                               what=f"run {run['name']} in state {verdict}")
                 page.screenshot(shots / f"run-{verdict.lower()}.png")
                 page.dump_dom(shots / f"run-{verdict.lower()}.html")
-                # the partial run says so on its page (its state message), the full ones do not
-                shown = "partial: stages analysis, alignment" in page.text()
-                assert shown == (verdict == "ERROR"), (verdict, page.text()[:2000])
+                assert (partial in page.text()) == (verdict == "ERROR"), page.text()[:2000]
         with browser.page(f"{ui_server.url}/artifacts/artifact/{report['id']}",
                           height=2400) as page:
             page.wait_for("document.body.innerText.includes('day0 validation: FAIL')",

@@ -79,8 +79,10 @@ def profiled(config: Config, inputs: StageInputs, file: wl.WorkloadFile, names: 
                     f"{inputs.target.device}/{inputs.target.dtype})",
                     definitions=kernel.DEFINITIONS, context=context, runs=rows, requests=records,
                     notes=notes)
-    # every repeat is one figure: a profile is compared with kernel_repeats of them a side
-    against_baseline(result, config, inputs, names, measure, min_requests=2)
+    # every repeat is one figure: a profile is compared with kernel_repeats of them a side; its
+    # gated kinds are prefill (ttft) and decode (tpot), confirmed below their gates' threshold
+    against_baseline(result, config, inputs, names, measure, min_requests=2,
+                     confirm_kinds=("ttft", "tpot"), confirm_above=config.kernel_confirm_above)
     why = "served-request gate: engine targets only (a device target gets a kernel profile)"
     served = [f"{{workload}}.{lat}_{q}_ms" for lat in LATENCIES for q in QUANTILES]
     served += ["{workload}.goodput_fraction", "{workload}.request_throughput",
@@ -112,7 +114,9 @@ def tabulate(runs: list[loadgen.LoadRun], outcomes: list[loadgen.RunOutcome], co
 
 
 def against_baseline(result: Result, config: Config, inputs: StageInputs,
-                     names: list[str], remeasure=None, min_requests: int | None = None) -> None:
+                     names: list[str], remeasure=None, min_requests: int | None = None,
+                     confirm_kinds: tuple[str, ...] | None = None,
+                     confirm_above: float | None = None) -> None:
     """Compare with the stored baseline (runs that look slower measured again when remeasure is
     given; gates of workloads without a baseline: not applicable), then promote this run when
     asked."""
@@ -131,7 +135,8 @@ def against_baseline(result: Result, config: Config, inputs: StageInputs,
             min_requests=min_requests or config.min_requests)
         result.notes += notes
         if remeasure is not None:
-            confirm(result, stored, config, remeasure, min_requests)
+            confirm(result, stored, config, remeasure, min_requests,
+                    kinds=set(confirm_kinds or ()), above=confirm_above)
     how = ("promote one: `day0 validate --promote-baseline` or `day0 baseline promote "
            "RUN_FOLDER`")
     compared = {s.workload for s in result.slowdowns}
@@ -153,13 +158,16 @@ def against_baseline(result: Result, config: Config, inputs: StageInputs,
 
 
 def confirm(result: Result, stored: dict, config: Config, remeasure,
-            min_requests: int | None = None) -> None:
-    """Measure again every run whose slowdown lower bound exceeds confirm_above; per run the
-    attempt with the smaller largest lower bound is kept (rows, requests, slowdowns)."""
-    kinds = set(config.confirm_kinds)
+            min_requests: int | None = None, kinds: set[str] | None = None,
+            above: float | None = None) -> None:
+    """Measure again every run whose slowdown lower bound (of the kinds; config.confirm_kinds)
+    exceeds above (config.confirm_above); per run the attempt with the smaller largest lower
+    bound is kept (rows, requests, slowdowns)."""
+    kinds = kinds or set(config.confirm_kinds)
+    above = above or config.confirm_above
     for _ in range(config.confirm_attempts):
         suspects = sorted({s.run for s in result.slowdowns if s.kind in kinds
-                           and s.low is not None and s.low > config.confirm_above})
+                           and s.low is not None and s.low > above})
         if not suspects:
             return
         rows, requests = remeasure(suspects)

@@ -56,6 +56,10 @@ class Config(BaseModel):
         default_factory=lambda: ["tpot", "e2el"], description=(
             "Latencies whose slowdown triggers a confirmation (those gated as errors; TTFT "
             "scatters on CPU engines, see docs/performance-and-soak.md)."))
+    kernel_confirm_above: float = Field(1.15, gt=1, description=(
+        "Device targets: a kernel profile's run whose prefill or decode slowdown lower bound "
+        "exceeds this is measured again (confirm_attempts), below the kernel gates' 1.25 so a "
+        "one-off stall never fails them unconfirmed."))
     resamples: int = Field(2000, ge=200, le=100_000, description="Bootstrap resamples.")
     kernel_batches: list[int] = Field(default_factory=lambda: [1, 8], min_length=1, description=(
         "Device (in-process) targets: batch sizes of the kernel profile."))

@@ -80,3 +80,21 @@ def test_runs_within_the_bound_are_not_measured_again():
     result, stored, config = measured(1.0, 5)
     confirm(result, stored, config, lambda ids: (_ for _ in ()).throw(AssertionError(ids)))
     assert result.attempts == {}
+
+
+def test_a_kernel_profile_confirms_its_prefill_below_its_gate():
+    """A device target's prefill (ttft) is gated at 1.25: a 1.2x stall of it is measured again,
+    though the engine defaults (tpot/e2el above 1.3) would let it stand."""
+    result, stored, config = measured(1.0, 3)
+    for slow in result.slowdowns:
+        slow.low = 1.2 if slow.kind == "ttft" else 1.0
+    confirm(result, stored, config, lambda ids: (_ for _ in ()).throw(AssertionError(ids)))
+    asked = []
+
+    def remeasure(ids):
+        asked.append(ids)
+        return [row(i) for i in ids], [r for i in ids for r in requests(i, 1.0, 3)]
+
+    confirm(result, stored, config, remeasure, kinds={"ttft", "tpot"},
+            above=config.kernel_confirm_above)
+    assert asked == [["short_qa-c8"]] and len(result.attempts["short_qa-c8"]) == 2

@@ -10,6 +10,7 @@ from day0.execution.contract import StageInputs
 from day0.execution.stage import StageSpec, execute
 from day0.execution.targets import Target
 from tests.conftest import ROOT
+from tests.quiet import wait_until_quiet
 from tests.stages.performance import performance_gates
 
 PLUGINS = ROOT / "tests" / "plugins"
@@ -72,14 +73,26 @@ def test_the_report_shows_the_profile_table_and_plot(promoted):
 @pytest.mark.slow
 def test_a_clean_repeat_passes_and_a_slower_kernel_fails_naming_the_workload(promoted,
                                                                              perf_model, store):
-    again = profile(perf_model, store)
-    judged = performance_gates(again)
-    assert all(judged[g].applicable for g in KERNEL_GATES)
-    assert all(judged[g].passed for g in KERNEL_GATES), {g: judged[g].reason for g in KERNEL_GATES}
-    slowed = profile(perf_model, store, "slow_linear.py", confirm_attempts=1)
-    judged = performance_gates(slowed)
-    failed = [judged[g] for g in KERNEL_GATES if not judged[g].passed]
-    assert failed, {s.run: (s.kind, s.low) for s in slowed.slowdowns}
+    """Each try: a clean repeat, judged against the last baseline and then promoted, and the
+    slower kernel right after it, against that. This shared 2-core VM's neighbours can halve its
+    speed for seconds (docs/performance-and-soak.md), which no bootstrap over one run's repeats
+    sees: a try counts only when both hold, and the figures of every try are shown."""
+    tries = []
+    for _ in range(3):
+        again = profile(perf_model, store, promote_baseline=True)
+        clean = performance_gates(again)
+        assert all(clean[g].applicable for g in KERNEL_GATES)
+        slowed = profile(perf_model, store, "slow_linear.py", confirm_attempts=1)
+        judged = performance_gates(slowed)
+        failed = [judged[g] for g in KERNEL_GATES if not judged[g].passed]
+        tries.append({"clean": {g: clean[g].reason for g in KERNEL_GATES},
+                      "slowed": [(s.run, s.kind, round(s.low, 2)) for s in slowed.slowdowns
+                                 if s.kind in ("ttft", "tpot")]})
+        if all(clean[g].passed for g in KERNEL_GATES) and failed:
+            break
+        wait_until_quiet()
+    else:
+        pytest.fail(f"no try had a passing clean repeat and a failing slower kernel: {tries}")
     for gate in failed:
         workload = gate.metric.split(".")[2]
         assert workload in {"short_qa", "agent"} and workload in gate.reason
