@@ -30,6 +30,7 @@ MEMORY_ENV = "DAY0_STAGE_MEMORY_GIB"  # the stage's memory budget (day0.executio
 SCRATCH_RE = re.compile(r"^day0-[a-z0-9_]+-(?P<pid>[0-9]+)-(?P<start>[0-9]+)-[a-z0-9_]+$")
 POLL_S = 0.2
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
 
 
 def start_time(pid: int) -> int | None:
@@ -103,6 +104,19 @@ def die_with_parent() -> None:
 
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def name_process(name: str) -> None:
+    """Set this process's name (/proc/PID/comm: what `ps -o comm` and `top` show; 15 bytes
+    kept), so that a stage process says which stage it runs (Linux only)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
     except (OSError, AttributeError):
         pass
 

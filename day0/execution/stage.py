@@ -123,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m day0.execution.stage SPEC.json RESULT.json", file=sys.stderr)
         return 2
     spec = StageSpec.model_validate_json(Path(argv[0]).read_text())
+    lifecycle.name_process(f"day0:{spec.stage}")  # `ps -o pid,comm` names each stage process
     progress.start(spec.stage)  # the stage's progress lines go to stdout, to the runner
     try:
         outcome = execute(spec)

@@ -44,14 +44,16 @@ def location(store: str | None, source: str, revision: str | None, target_name: 
     return str(identity.cache_dir() / "performance-baseline" / weights / target_name) + "/"
 
 
-def load(where: str) -> dict | None:
+def load(where: str, log=None) -> dict | None:
     """The stored baseline, or None (none yet, or unreadable: reported as no baseline). A store
-    that cannot answer is asked again (day0.store.retry); one that stays down is StoreDown (the
-    stage's ERROR), never "no baseline", which would change the verdict."""
+    that cannot answer is asked again (day0.store.retry; log gets a line per wait); one that
+    stays down is StoreDown (the stage's ERROR), never "no baseline", which would change the
+    verdict."""
     from day0.store.retry import read_optional
 
     try:
-        raw = read_optional(where + NAME) if s3.is_s3(where) else Path(where + NAME).read_bytes()
+        raw = (read_optional(where + NAME, log=log) if s3.is_s3(where)
+               else Path(where + NAME).read_bytes())
         data = json.loads(raw) if raw is not None else None
     except (OSError, ValueError):
         return None

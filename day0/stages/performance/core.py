@@ -123,7 +123,7 @@ def against_baseline(result: Result, config: Config, inputs: StageInputs,
     where = baseline.location(config.baseline_store, inputs.source, inputs.revision,
                               inputs.target.name)
     result.baseline = where
-    stored = baseline.load(where)
+    stored = baseline.load(where, log=lambda line: print(f"baseline {where}: {line}", flush=True))
     runs = [r.model_dump(mode="json") for r in result.runs]
     requests = [r.model_dump(mode="json") for r in result.requests]
     if stored:
