@@ -178,7 +178,12 @@ def local_checkpoint(source: str, *, log=None, weights: bool = True) -> str:
     folder is renamed into place). weights=False leaves the shards on the store."""
     if not is_s3(source):
         return source
-    return str(materialize(source, log=log, weights=weights).path)
+    from day0.store.retry import retrying
+
+    # a store that cannot answer now is asked again (store.yaml reads), then StoreDown: never
+    # an input error about the checkpoint; what was downloaded before is reused
+    return str(retrying(lambda: materialize(source, log=log, weights=weights), source,
+                        log=log).path)
 
 
 __all__ = ["Materialized", "materialize", "local_checkpoint", "cache_root",

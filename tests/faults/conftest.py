@@ -109,7 +109,10 @@ def stack(tmp_path_factory):
     ports = dict(zip(("PREFECT", "RECEIVER", "S3", "MASTER", "VOLUME", "FILER"), free_ports(6)))
     # a cache of its own: stages the session cached for these fixtures would end at once
     env = {**os.environ, "DAY0_STACK_DIR": str(layout.root),
-           "DAY0_CACHE_DIR": str(layout.root.parent / "cache")}
+           "DAY0_CACHE_DIR": str(layout.root.parent / "cache"),
+           # what its serve drains, and its stage hosts: never the test session's
+           "DAY0_OUTBOX_DIR": str(layout.root.parent / "outbox"),
+           "DAY0_SERVER_DIR": str(layout.root.parent / "server")}
     env.update({f"DAY0_STACK_{name}_PORT": str(port) for name, port in ports.items()})
     env.pop("DAY0_RESULTS_URI", None)
     env.pop("PREFECT_API_URL", None)

@@ -268,19 +268,32 @@ def test_missing_bucket_and_prefix_are_input_errors(s3):
 
 
 @pytest.mark.integration
-def test_unreachable_endpoint_fails_fast(s3_server, monkeypatch):
+def test_unreachable_endpoint_fails_fast_or_after_the_read_budget(s3_server, monkeypatch,
+                                                                   tmp_path):
+    """Headers (analysis, scan) fail at once; fetching the checkpoint a stage loads waits for
+    the store as long as store.yaml's reads say (here 2 s), then StoreDown (exit 3) naming it."""
     from tests.s3server import free_ports
 
     monkeypatch.setenv("DAY0_S3_ENDPOINT", f"http://127.0.0.1:{free_ports(1)[0]}")
     monkeypatch.setenv("DAY0_S3_ACCESS_KEY", "x")
     monkeypatch.setenv("DAY0_S3_SECRET_KEY", "y")
+    settings = tmp_path / "store.yaml"
+    settings.write_text("reads: {total_s: 2}\n")
+    monkeypatch.setenv("DAY0_STORE_SETTINGS", str(settings))
     started = time.monotonic()
     with pytest.raises(InputError) as err:
         analysis.run(analysis.Config(), _inputs("s3://models/org/m"))
     assert time.monotonic() - started < 15
     assert "cannot reach" in str(err.value) and "DAY0_S3_ENDPOINT" in err.value.fix
     outcome = execute(StageSpec(stage="scan", inputs=_inputs("s3://models/org/m")))
-    assert outcome.failure == "input" and "cannot reach" in outcome.error
+    assert outcome.failure == "input" and "cannot reach" in outcome.error  # headers: at once
+    from day0.errors import StoreDown
+    from day0.store.sources import local_checkpoint
+
+    started = time.monotonic()
+    with pytest.raises(StoreDown, match="did not answer for 2 s: cannot reach") as down:
+        local_checkpoint("s3://models/org/m")  # the weights a stage loads: asked again
+    assert 2 <= time.monotonic() - started < 15 and down.value.exit_code == 3
 
 
 def test_missing_credentials_are_an_input_error(monkeypatch, tmp_path):
