@@ -34,7 +34,7 @@ from day0.errors import (AuthError, BadRequest, ClientGone, JournalError, Receiv
                          StoreError, TooLarge, Unavailable)
 from day0.receiver import auth
 from day0.receiver.checks import CheckRunner, StoreProbe
-from day0.receiver.completeness import Checker, make_client, model_of, relevant
+from day0.receiver.completeness import Checker, make_client, included, model_of, relevant
 from day0.receiver.events import (ObjectEvent, Release, parse_hf, parse_json, parse_release,
                                   parse_s3, parse_seaweedfs)
 from day0.receiver.journal import Journal, ReleaseRow
@@ -176,6 +176,17 @@ class Receiver:
         rules, checks = self.settings.checkpoint, self.settings.checks
         rows = list(dict.fromkeys((ev.bucket, posixpath.dirname(ev.key)) for ev in events
                                   if relevant(ev.bucket, ev.key, rules)))
+        others = list(dict.fromkeys((ev.bucket, posixpath.dirname(ev.key)) for ev in events
+                                    if included(ev.bucket, ev.key, rules)))
+        others = [o for o in others if o not in rows]
+        touched = await asyncio.to_thread(self.journal.touch_pending, others, rules.settle_s) \
+            if others and rules.settle_s > 0 else []
+        if touched and not rows:  # a release still to come waits for this upload to end
+            detail = f"another file landed: settling for {rules.settle_s:g} s (checkpoint.settle_s)"
+            log.info("s3://%s/%s %s", *touched[0], detail)
+            self.worker.wake()
+            return _reply(202, status="settling", detail=detail, prefixes=[
+                {"model": model_of(b, p), "state": "settling", "detail": detail} for b, p in touched])
         if not rows:
             reason = "no checkpoint file (config.json, index, *.safetensors) in the event"
             log.info("ignored object event (s3://%s/%s%s): %s", events[0].bucket, events[0].key,
@@ -211,7 +222,13 @@ class Receiver:
                 reason = str(exc) or type(exc).__name__
             else:
                 state, fresh = fut.result()
-                reason = "an earlier check is still running" if state is None or state.checked < gen else None
+                reason = None
+                if state is None or state.checked < gen:
+                    reason = "an earlier check is still running"
+                if state is not None and state.state == "settling":
+                    log.info("s3://%s/%s %s", bucket, prefix, state.detail)
+                    out.append({"model": model, "state": "settling", "detail": state.detail})
+                    continue
             if reason is not None:  # the worker checks again (with backoff on store errors)
                 log.info("s3://%s/%s recorded, its check is pending: %s", bucket, prefix, reason)
                 out.append({"model": model, "state": "recorded", "detail": f"check pending: {reason}"})
@@ -228,7 +245,8 @@ class Receiver:
         self.worker.wake()
         states = {o["state"] for o in out}
         status = ("accepted" if any_new else "complete" if states == {"complete"}
-                  else "waiting" if "waiting" in states else "recorded")
+                  else "waiting" if "waiting" in states
+                  else "settling" if "settling" in states else "recorded")
         detail = "; ".join(f"{o['model']}: {o['detail']}" for o in out)
         return _reply(202, status=status, detail=detail, prefixes=out)
 

@@ -75,10 +75,15 @@ def model_of(bucket: str, prefix: str) -> str:
     return identity.model_name(str(S3Uri(bucket, prefix)))
 
 
+def included(bucket: str, key: str, rules: CheckpointSettings) -> bool:
+    """Is this object under the receiver's watch (checkpoint.include)?"""
+    return any(fnmatch.fnmatchcase(f"{bucket}/{key}", pat) for pat in rules.include)
+
+
 def relevant(bucket: str, key: str, rules: CheckpointSettings) -> bool:
     """Does an event for this object make its prefix worth checking?"""
     name = posixpath.basename(key)
-    if not any(fnmatch.fnmatchcase(f"{bucket}/{key}", pat) for pat in rules.include):
+    if not included(bucket, key, rules):
         return False
     return name in (CONFIG, INDEX) or name.endswith(".safetensors") or name in rules.require
 
@@ -249,6 +254,13 @@ class Checker:
             covered = state.generation  # events recorded before this point are all covered
             result = check_prefix(self.client(), bucket, prefix, self.rules, self._cache)
             releases = []
+            if result.complete and self.rules.settle_s > 0 and self.journal.settling(
+                    bucket, prefix, self.rules.settle_s,
+                    f"complete; a release once no object has landed for {self.rules.settle_s:g} s"
+                    " (checkpoint.settle_s)"):
+                # files may still be landing (tokenizer.json after the index): checked again
+                # once quiet, so the release names the whole upload's revision
+                return self.journal.prefix(bucket, prefix), []
             if result.complete:
                 model, source = model_of(bucket, prefix), str(S3Uri(bucket, prefix))
                 releases = [ReleaseRow(model=model, revision=result.revision, target=t,

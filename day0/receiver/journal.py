@@ -75,6 +75,7 @@ CREATE TABLE IF NOT EXISTS prefixes (
     revision TEXT,
     failures INTEGER NOT NULL DEFAULT 0,
     next_check REAL NOT NULL DEFAULT 0,
+    last_event REAL NOT NULL DEFAULT 0,
     PRIMARY KEY (bucket, prefix)
 );
 """
@@ -158,6 +159,9 @@ class Journal:
             for column, kind in (("reruns", "INTEGER NOT NULL DEFAULT 0"), ("crashed", "TEXT")):
                 if column not in columns:  # a journal from before crashed runs were run again
                     self._db.execute(f"ALTER TABLE releases ADD COLUMN {column} {kind}")
+            if "last_event" not in {row[1] for row in self._db.execute("PRAGMA table_info(prefixes)")}:
+                # a journal from before the settle window: its prefixes count as quiet
+                self._db.execute("ALTER TABLE prefixes ADD COLUMN last_event REAL NOT NULL DEFAULT 0")
 
     def _migrate_v1(self) -> None:
         """A journal from before runs were kept: its rows become each release's first run."""
@@ -316,12 +320,15 @@ class Journal:
         """Count one event per (bucket, prefix) (the store, not the event, is asked whether a
         checkpoint is complete); returns each prefix's new generation."""
 
+        now = time.time()
+
         def fn(db: sqlite3.Connection) -> dict[tuple[str, str], int]:
             out = {}
             for bucket, prefix in prefixes:
-                db.execute("INSERT INTO prefixes (bucket, prefix, generation) VALUES (?, ?, 1)"
-                           " ON CONFLICT (bucket, prefix) DO UPDATE SET generation = generation + 1,"
-                           " next_check = 0", (bucket, prefix))
+                db.execute("INSERT INTO prefixes (bucket, prefix, generation, last_event)"
+                           " VALUES (?, ?, 1, ?) ON CONFLICT (bucket, prefix) DO UPDATE SET"
+                           " generation = generation + 1, next_check = 0, last_event = ?",
+                           (bucket, prefix, now, now))
                 (gen,) = db.execute("SELECT generation FROM prefixes WHERE bucket = ? AND prefix = ?",
                                     (bucket, prefix)).fetchone()
                 out[(bucket, prefix)] = gen
@@ -346,6 +353,40 @@ class Journal:
                        " WHERE bucket = ? AND prefix = ?",
                        (generation, state, missing, detail, revision, bucket, prefix))
             return self._insert_releases(db, releases, now)
+
+        return self._write(fn)
+
+    def touch_pending(self, prefixes: list[tuple[str, str]], quiet_s: float) -> list[tuple[str, str]]:
+        """Another file landed under prefixes still waiting or settling (tokenizer.json after
+        the index): restart their quiet period; returns the prefixes touched."""
+        now = time.time()
+
+        def fn(db: sqlite3.Connection) -> list[tuple[str, str]]:
+            out = []
+            for bucket, prefix in prefixes:
+                cur = db.execute("UPDATE prefixes SET last_event = ?, next_check = MAX(next_check, ?)"
+                                 " WHERE bucket = ? AND prefix = ? AND generation > checked",
+                                 (now, now + quiet_s, bucket, prefix))
+                if cur.rowcount:
+                    out.append((bucket, prefix))
+            return out
+
+        return self._write(fn)
+
+    def settling(self, bucket: str, prefix: str, quiet_s: float, detail: str) -> float | None:
+        """When the prefix's newest event is under `quiet_s` old: mark it settling, due again
+        once it has been quiet that long, and return that time; None when it is quiet already."""
+
+        def fn(db: sqlite3.Connection) -> float | None:
+            (last,) = db.execute("SELECT last_event FROM prefixes WHERE bucket = ? AND prefix = ?",
+                                 (bucket, prefix)).fetchone()
+            due = last + quiet_s
+            if due <= time.time():
+                return None
+            db.execute("UPDATE prefixes SET state = 'settling', detail = ?, failures = 0,"
+                       " next_check = ? WHERE bucket = ? AND prefix = ?",
+                       (detail[:2000], due, bucket, prefix))
+            return due
 
         return self._write(fn)
 

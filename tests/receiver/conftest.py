@@ -47,7 +47,10 @@ def receiver_settings(tmp: Path, deployment: Deployment, **overrides):
 def receiver(tmp_path_factory, deployment, s3_server):
     """One receiver for the webhook and S3-event tests; its store is the session's SeaweedFS."""
     tmp = tmp_path_factory.mktemp("receiver")
-    settings = receiver_settings(tmp, deployment, s3=s3_server.receiver_s3())
+    # settle_s 0: these tests read a release's acceptance in the event's own answer; the settle
+    # window has its own test (test_object_events.py::test_a_name_ordered_upload_is_one_release)
+    settings = receiver_settings(tmp, deployment, s3=s3_server.receiver_s3(),
+                                 checkpoint={"settle_s": 0})
     with ReceiverThread(settings) as running:
         yield running
 

@@ -87,3 +87,29 @@ def test_prefix_generations_track_unchecked_events(tmp_path):
     assert failures == (1,)
     assert j.due_prefixes() == []  # deferred, still unchecked
     assert j.stats()["prefixes"]["unchecked"] == 1
+
+
+def test_a_complete_prefix_settles_until_quiet_and_another_file_restarts_it(tmp_path):
+    j = Journal(tmp_path / "j.sqlite")
+    j.record_objects([("b", "m")])
+    due = j.settling("b", "m", 30, "complete; settling")
+    assert due is not None and j.prefix("b", "m").state == "settling"
+    assert j.due_prefixes() == [] and j.due_prefixes(now=due + 0.1) == [("b", "m", 0)]
+    # tokenizer.json lands: the quiet period starts again; a prefix with nothing pending is untouched
+    assert j.touch_pending([("b", "m"), ("b", "other")], 60) == [("b", "m")]
+    assert j.due_prefixes(now=due + 0.1) == []
+    assert j.settling("b", "m", 0, "quiet") is None  # quiet long enough: the check may release
+
+
+def test_a_journal_from_before_the_settle_window_opens_and_counts_as_quiet(tmp_path):
+    path = tmp_path / "old.sqlite"
+    db = sqlite3.connect(str(path))
+    db.execute("CREATE TABLE prefixes (bucket TEXT NOT NULL, prefix TEXT NOT NULL, generation"
+               " INTEGER NOT NULL DEFAULT 0, checked INTEGER NOT NULL DEFAULT 0, state TEXT NOT NULL"
+               " DEFAULT 'new', missing INTEGER, detail TEXT, revision TEXT, failures INTEGER NOT"
+               " NULL DEFAULT 0, next_check REAL NOT NULL DEFAULT 0, PRIMARY KEY (bucket, prefix))")
+    db.execute("INSERT INTO prefixes (bucket, prefix, generation) VALUES ('b', 'm', 3)")
+    db.commit()
+    db.close()
+    j = Journal(path)
+    assert j.due_prefixes() == [("b", "m", 0)] and j.settling("b", "m", 5, "x") is None

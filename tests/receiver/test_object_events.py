@@ -223,3 +223,37 @@ def test_seaweedfs_filer_webhook_submits_after_the_last_shard(deployment, tmp_pa
             assert row["origin"] == "s3" and row["source"] == f"s3://{bucket}/org/m1"
     finally:
         weed.stop()
+
+
+@pytest.mark.parametrize("settle_s", [None, 0], ids=["default", "no-window"])
+def test_a_name_ordered_upload_is_one_release(deployment, s3_server, tmp_path, settle_s):
+    """`aws s3 cp --recursive` order: the index lands before tokenizer.json, so the checkpoint is
+    complete one file early. The settle window (checkpoint.settle_s) makes that one release with
+    the whole upload's revision, the one a manual run computes; without it the release names
+    the partial listing."""
+    client = s3_server.client()
+    bucket = s3_server.create_bucket(BUCKET)
+    ck = make_checkpoint(tmp_path / "ck", shards=2)
+    (ck / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {"a": 0}}}))
+    prefix = unique("org/named")
+    extra = {} if settle_s is None else {"checkpoint": {"settle_s": settle_s}}
+    settings = receiver_settings(tmp_path, deployment, s3=s3_server.receiver_s3(), **extra)
+    order = sorted(p.name for p in ck.iterdir())
+    assert order.index("model.safetensors.index.json") < order.index("tokenizer.json")
+    with ReceiverThread(settings) as receiver:
+        answers = []
+        for name in order:
+            client.upload_file(str(ck / name), bucket, f"{prefix}/{name}")
+            answers.append(post_s3(receiver.url, {"Records": [s3_record(
+                bucket, quote_plus(f"{prefix}/{name}"))]}).json()["status"])
+        settled(receiver.url)
+        whole = check_prefix(client, bucket, prefix, CheckpointSettings()).revision
+        keys = runs(deployment, f"day0:{prefix}@")
+        assert sum(keys.values()) == 1, (answers, keys)
+        (released,) = [row["revision"] for row in Journal(settings.journal).releases()]
+        if settle_s is None:
+            assert answers[-2:] == ["settling", "settling"], answers
+            assert released == whole and keys == {f"day0:{prefix}@{whole}:cpu-bf16": 1}, keys
+        else:  # what the window prevents: a release of the listing without tokenizer.json
+            assert answers[-2:] == ["accepted", "ignored"], answers
+            assert released != whole, keys
