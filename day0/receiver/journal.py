@@ -56,6 +56,7 @@ CREATE TABLE IF NOT EXISTS releases (
     finished_at REAL,
     reruns INTEGER NOT NULL DEFAULT 0,
     crashed TEXT,
+    verdict_uri TEXT,
     UNIQUE (model, revision, target, seq)
 );
 """
@@ -156,7 +157,8 @@ class Journal:
                 self._migrate_v1()
             self._db.executescript(SCHEMA)
             columns = {row[1] for row in self._db.execute("PRAGMA table_info(releases)")}
-            for column, kind in (("reruns", "INTEGER NOT NULL DEFAULT 0"), ("crashed", "TEXT")):
+            for column, kind in (("reruns", "INTEGER NOT NULL DEFAULT 0"), ("crashed", "TEXT"),
+                                 ("verdict_uri", "TEXT")):
                 if column not in columns:  # a journal from before crashed runs were run again
                     self._db.execute(f"ALTER TABLE releases ADD COLUMN {column} {kind}")
             if "last_event" not in {row[1] for row in self._db.execute("PRAGMA table_info(prefixes)")}:
@@ -307,10 +309,24 @@ class Journal:
             tuple(release_ids))
         return [dict(zip(cols, row)) for row in rows]
 
+    def verdicts_to_publish(self, limit: int = 20) -> list[dict]:
+        """Releases given up on (gave_up) whose ERROR verdict is not published yet, oldest first;
+        after a restart too."""
+        cols = ("id", "model", "revision", "target", "source", "last_error")
+        rows = self._read(
+            f"SELECT {', '.join(cols)} FROM releases WHERE status = 'finished' AND verdict_uri IS"
+            " NULL AND last_error LIKE 'ERROR: gave up%' ORDER BY id LIMIT ?", (limit,))
+        return [dict(zip(cols, row)) for row in rows]
+
+    def verdict_published(self, release_id: int, where: str) -> None:
+        """The given-up release's ERROR verdict is in the results store (or its outbox): where."""
+        self._write(lambda db: db.execute("UPDATE releases SET verdict_uri = ? WHERE id = ?",
+                                          (where[:2000], release_id)))
+
     def releases(self) -> list[dict]:
         cols = ("id", "model", "revision", "target", "seq", "source", "origin", "status",
                 "flow_run_id", "attempts", "last_error", "accepted_at", "submitted_at",
-                "announced_at", "finished_at", "reruns", "crashed")
+                "announced_at", "finished_at", "reruns", "crashed", "verdict_uri")
         rows = self._read(f"SELECT {', '.join(cols)} FROM releases ORDER BY id")
         return [dict(zip(cols, row)) for row in rows]
 

@@ -68,6 +68,7 @@ class Worker:
         self._inflight: set[int] = set()
         self._next_reap = 0.0  # time.monotonic() of the next read of submitted runs' states
         self._reap_after = 0  # journal id the next read starts after (round robin)
+        self._publishing: asyncio.Future | None = None  # ERROR verdicts of given-up releases
         self.submitted = 0
         self.last_error: str | None = None
 
@@ -192,6 +193,7 @@ class Worker:
         if time.monotonic() < self._next_reap:
             return
         self._next_reap = time.monotonic() + self.settings.submit.poll_s
+        self._publish_given_up()  # those the last pass (or a receiver before a restart) gave up on
         rows = await asyncio.to_thread(self.journal.active_runs, REAP_BATCH, self._reap_after)
         self._reap_after = rows[-1][0] if len(rows) == REAP_BATCH else 0
         ids = {}
@@ -220,6 +222,27 @@ class Worker:
             for row in await asyncio.to_thread(self.journal.gave_up, list(crashed)):
                 log.error("release %s@%s on %s: %s", row["model"], row["revision"],
                           row["target"], row["last_error"])
+
+    def _publish_given_up(self) -> None:
+        """Publish the ERROR verdict of each release given up on (also those a restart left),
+        on a thread of its own: the store's retries never hold up submissions."""
+        if self._publishing is not None and not self._publishing.done():
+            return
+        self._publishing = asyncio.create_task(asyncio.to_thread(self._publish_verdicts))
+
+    def _publish_verdicts(self) -> None:
+        from day0.receiver.verdicts import publish_gave_up  # the report model: loaded when needed
+
+        for row in self.journal.verdicts_to_publish():
+            try:
+                where = publish_gave_up(row)
+            except Exception as exc:  # asked again at the next reap
+                log.warning("ERROR verdict of %s@%s on %s not published yet: %s: %s",
+                            row["model"], row["revision"], row["target"], type(exc).__name__, exc)
+                continue
+            self.journal.verdict_published(row["id"], where)
+            log.info("release %s@%s on %s: ERROR verdict published (%s)", row["model"],
+                     row["revision"], row["target"], where)
 
     async def _submit(self, client, row: ReleaseRow, limit: asyncio.Semaphore) -> None:
         s = self.settings

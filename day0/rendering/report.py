@@ -111,7 +111,7 @@ def headline(report: Report) -> str:
     elif verdict == "ERROR":
         broken = [(n, s) for n, s in report.stages.items() if not s.ok and s.failure != "target"]
         why = (f"stage {broken[0][0]} could not finish: {broken[0][1].error}" if broken
-               else "a stage could not finish")
+               else report.errors[0] if report.errors else "a stage could not finish")
     elif verdict == "FAIL":
         first = next((g for g in failing if g.severity == "error"), None)
         why = "first failing gate " + (

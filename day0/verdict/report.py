@@ -163,4 +163,14 @@ def unconcluded(*, source: str, target: Target, reference: Target,
         exit_status=4, created_at=now())
 
 
+def gave_up(*, source: str, target: Target, reference: Target, identity: dict,
+            error: str) -> Report:
+    """What a release ends with when every run of it crashed (its process or machine died, the
+    receiver's submit.crash_attempts in a row): no stage outcome, no gate judged, ERROR naming
+    each attempt, so that the release still has a published verdict."""
+    return Report(verdict="ERROR", source=source, target=target, reference=reference, gates=[],
+                  identity=dict(identity), stages={}, metrics={}, errors=[error],
+                  exit_status=EXIT_CODES["ERROR"], created_at=now())
+
+
 _stage = hooks.stage_of  # the registered stage of that name, None for one no longer registered

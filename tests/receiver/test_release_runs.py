@@ -95,6 +95,11 @@ def test_a_crashed_run_is_run_again_up_to_the_attempts_then_named(tmp_path):
     assert last["last_error"] == ("ERROR: gave up after 3 crashed run(s) (run-1, run-2, run-3); "
                                   "the last: and again")
     assert j.gave_up([first.id, second.id]) == []
+    # its ERROR verdict is still to be published (after a restart too), then never again
+    (due,) = Journal(tmp_path / "j.sqlite").verdicts_to_publish()
+    assert (due["id"], due["source"]) == (third.id, "s3://models/acme/m")
+    j.verdict_published(third.id, "s3://models/day0-results/acme/m/rev/cpu-bf16/runs/x/")
+    assert j.verdicts_to_publish() == [] and j.releases()[2]["verdict_uri"].endswith("/x/")
     # a verdict resets the count: a later announcement starts from its first attempt
     assert j.accept([row()]) == [True]
     fourth = submit(j, "run-4")
