@@ -17,6 +17,7 @@ import fnmatch
 import json
 import posixpath
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -252,10 +253,11 @@ class Checker:
             if state is None or state.checked >= generation:
                 return state, []
             covered = state.generation  # events recorded before this point are all covered
+            listed_at = time.time()
             result = check_prefix(self.client(), bucket, prefix, self.rules, self._cache)
             releases = []
             if result.complete and self.rules.settle_s > 0 and self.journal.settling(
-                    bucket, prefix, self.rules.settle_s,
+                    bucket, prefix, self.rules.settle_s, listed_at,
                     f"complete; a release once no object has landed for {self.rules.settle_s:g} s"
                     " (checkpoint.settle_s)"):
                 # files may still be landing (tokenizer.json after the index): checked again

@@ -389,15 +389,17 @@ class Journal:
 
         return self._write(fn)
 
-    def settling(self, bucket: str, prefix: str, quiet_s: float, detail: str) -> float | None:
-        """When the prefix's newest event is under `quiet_s` old: mark it settling, due again
-        once it has been quiet that long, and return that time; None when it is quiet already."""
+    def settling(self, bucket: str, prefix: str, quiet_s: float, listed_at: float,
+                 detail: str) -> float | None:
+        """Unless the listing a check read (at `listed_at`) was taken once the prefix had been
+        quiet for `quiet_s` after its newest event: mark it settling, due again at that time,
+        and return the time; None when the listing already covers a quiet prefix."""
 
         def fn(db: sqlite3.Connection) -> float | None:
             (last,) = db.execute("SELECT last_event FROM prefixes WHERE bucket = ? AND prefix = ?",
                                  (bucket, prefix)).fetchone()
             due = last + quiet_s
-            if due <= time.time():
+            if due <= listed_at:
                 return None
             db.execute("UPDATE prefixes SET state = 'settling', detail = ?, failures = 0,"
                        " next_check = ? WHERE bucket = ? AND prefix = ?",

@@ -131,8 +131,9 @@ class CheckpointSettings(_Strict):
     seaweedfs_buckets_dir: str = Field("/buckets", description=(
         "Filer folder holding the S3 buckets (filer -s3 default /buckets)."))
     settle_s: float = Field(5.0, ge=0, le=3600, description=(
-        "A complete prefix becomes a release only once no event has arrived for it for this "
-        "long: an upload that sends the index before tokenizer.json is one release, not two. "
+        "A complete prefix becomes a release only when a listing taken this long after its "
+        "last event finds it complete: an upload that sends the index before tokenizer.json is "
+        "one release named with the whole upload's revision. "
         "Raise it for uploaders that pause between files; 0 releases at the first complete check."))
 
 

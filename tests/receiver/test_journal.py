@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 
 from day0.receiver.journal import Journal, ReleaseRow
 
@@ -92,13 +93,16 @@ def test_prefix_generations_track_unchecked_events(tmp_path):
 def test_a_complete_prefix_settles_until_quiet_and_another_file_restarts_it(tmp_path):
     j = Journal(tmp_path / "j.sqlite")
     j.record_objects([("b", "m")])
-    due = j.settling("b", "m", 30, "complete; settling")
+    due = j.settling("b", "m", 30, time.time(), "complete; settling")
     assert due is not None and j.prefix("b", "m").state == "settling"
     assert j.due_prefixes() == [] and j.due_prefixes(now=due + 0.1) == [("b", "m", 0)]
     # tokenizer.json lands: the quiet period starts again; a prefix with nothing pending is untouched
     assert j.touch_pending([("b", "m"), ("b", "other")], 60) == [("b", "m")]
     assert j.due_prefixes(now=due + 0.1) == []
-    assert j.settling("b", "m", 0, "quiet") is None  # quiet long enough: the check may release
+    # only a listing taken once the prefix has been quiet that long may release it: not one
+    # read before (a slow check that ends after the quiet period), one read after
+    assert j.settling("b", "m", 1, time.time(), "still settling") is not None
+    assert j.settling("b", "m", 1, time.time() + 1.5, "quiet") is None
 
 
 def test_a_journal_from_before_the_settle_window_opens_and_counts_as_quiet(tmp_path):
@@ -112,4 +116,4 @@ def test_a_journal_from_before_the_settle_window_opens_and_counts_as_quiet(tmp_p
     db.commit()
     db.close()
     j = Journal(path)
-    assert j.due_prefixes() == [("b", "m", 0)] and j.settling("b", "m", 5, "x") is None
+    assert j.due_prefixes() == [("b", "m", 0)] and j.settling("b", "m", 5, time.time(), "x") is None
