@@ -222,13 +222,11 @@ class Receiver:
                 reason = str(exc) or type(exc).__name__
             else:
                 state, fresh = fut.result()
-                reason = None
-                if state is None or state.checked < gen:
-                    reason = "an earlier check is still running"
                 if state is not None and state.state == "settling":
                     log.info("s3://%s/%s %s", bucket, prefix, state.detail)
                     out.append({"model": model, "state": "settling", "detail": state.detail})
                     continue
+                reason = "an earlier check is still running" if state is None or state.checked < gen else None
             if reason is not None:  # the worker checks again (with backoff on store errors)
                 log.info("s3://%s/%s recorded, its check is pending: %s", bucket, prefix, reason)
                 out.append({"model": model, "state": "recorded", "detail": f"check pending: {reason}"})

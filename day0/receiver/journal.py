@@ -63,6 +63,7 @@ CREATE TABLE IF NOT EXISTS releases (
 # the columns a journal written before `seq` existed had (UNIQUE (model, revision, target))
 V1_COLUMNS = ("id, model, revision, target, source, origin, status, flow_run_id, attempts, "
               "next_attempt, last_error, accepted_at, submitted_at")
+GAVE_UP = "ERROR: gave up"  # how a release's last_error starts once its crashed runs are given up
 SCHEMA = RELEASES + """
 CREATE INDEX IF NOT EXISTS releases_pending ON releases (status, next_attempt);
 CREATE TABLE IF NOT EXISTS prefixes (
@@ -284,7 +285,7 @@ class Journal:
                         " target = ? AND seq > ? ORDER BY seq", (model, revision, target,
                                                                   seq - reruns - 1))]
                     db.execute("UPDATE releases SET last_error = ? WHERE id = ?", (
-                        f"ERROR: gave up after {reruns + 1} crashed run(s) ({', '.join(runs)});"
+                        f"{GAVE_UP} after {reruns + 1} crashed run(s) ({', '.join(runs)});"
                         f" the last: {why}"[:2000], release_id))
                 if again or (announced is not None and announced > end):  # clocks: receiver vs Prefect
                     cur = db.execute(
@@ -305,8 +306,8 @@ class Journal:
         cols = ("id", "model", "revision", "target", "last_error")
         rows = self._read(
             f"SELECT {', '.join(cols)} FROM releases WHERE id IN"
-            f" ({', '.join('?' * len(release_ids))}) AND last_error LIKE 'ERROR: gave up%'",
-            tuple(release_ids))
+            f" ({', '.join('?' * len(release_ids))}) AND last_error LIKE ?",
+            (*release_ids, GAVE_UP + "%"))
         return [dict(zip(cols, row)) for row in rows]
 
     def verdicts_to_publish(self, limit: int = 20) -> list[dict]:
@@ -315,7 +316,7 @@ class Journal:
         cols = ("id", "model", "revision", "target", "source", "last_error")
         rows = self._read(
             f"SELECT {', '.join(cols)} FROM releases WHERE status = 'finished' AND verdict_uri IS"
-            " NULL AND last_error LIKE 'ERROR: gave up%' ORDER BY id LIMIT ?", (limit,))
+            " NULL AND last_error LIKE ? ORDER BY id LIMIT ?", (GAVE_UP + "%", limit))
         return [dict(zip(cols, row)) for row in rows]
 
     def verdict_published(self, release_id: int, where: str) -> None:

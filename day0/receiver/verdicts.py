@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 
-from day0.errors import Day0Error
 from day0.execution.targets import REFERENCE, resolve_target
 from day0.rendering.publish import publish_to_store
 from day0.store import identity
@@ -25,12 +24,9 @@ log = logging.getLogger("day0.receiver")
 def publish_gave_up(row: dict) -> str:
     """Publish the ERROR verdict of a given-up release (a journal row: model, revision, target,
     source, last_error); returns where it went (run folder, or why it waits in the outbox)."""
-    try:
-        target = resolve_target(row["target"])
-    except Day0Error as exc:  # a target this receiver's worker resolves, but not here
-        raise RuntimeError(f"target {row['target']!r} does not resolve here: {exc}") from exc
     report = reports.gave_up(
-        source=row["source"], target=target, reference=REFERENCE, error=row["last_error"],
+        source=row["source"], target=resolve_target(row["target"]), reference=REFERENCE,
+        error=row["last_error"],
         identity={"model": row["model"], "revision": row["revision"],
                   "run_id": identity.new_run_id()})
     where = publish_to_store(report, log=log)
