@@ -82,8 +82,13 @@ def test_int8_weights_are_localized_where_the_error_departs_from_the_control(smo
 
 
 def test_streamed_reference_equals_resident_on_the_real_model(smollm2):
-    """Layer by layer from the shards (tied head read from the embedding): every metric equal
-    to the resident run's, windows of 1024 positions (one forward on both paths)."""
+    """Layer by layer from the shards (tied head read from the embedding): every metric of the
+    windows equal to the resident run's, windows of 1024 positions (one forward on both paths),
+    and the same reference continuations. Greedy generation is the one place the paths differ:
+    resident sides decode with the KV cache, streamed ones recompute the sequence per token, so
+    a bfloat16 near-tie may flip (seen on an AVX512-BF16 CPU: both bf16 sides diverged from the
+    reference at token 2 of one prompt resident, not streamed). Target and control decode alike
+    on either path (the greedy-generation gate is a warning: docs/alignment.md)."""
     settings = dict(max_windows=2, seq_len=1024, generation_prompts=2, new_tokens=8)
     target = Target(name="cpu-bf16", device="cpu", dtype="bfloat16")
     inputs = StageInputs(source=str(smollm2), target=target)
@@ -91,10 +96,19 @@ def test_streamed_reference_equals_resident_on_the_real_model(smollm2):
     streamed = run(Config(streaming="on", reference_bank="off", **settings), inputs)
     assert streamed.streamed and not resident.streamed
     a, b = resident.metrics(), streamed.metrics()
-    # == on every metric (NaN equals NaN: a metric undefined on one path is undefined on both)
-    assert {k: (a[k], b[k]) for k in a if not (a[k] == b[k] or a[k] != a[k] and b[k] != b[k])} \
-        == {}
+    generation = "alignment.generation."
+    assert any(k.startswith(generation) for k in a) and set(a) == set(b)
+    # == on every metric of the windows (NaN equals NaN: a metric undefined on one path is
+    # undefined on both)
+    assert {k: (a[k], b[k]) for k in a if not k.startswith(generation)
+            and not (a[k] == b[k] or a[k] != a[k] and b[k] != b[k])} == {}
     assert a["alignment.logits.kl_mean"] > 1e-4  # the bf16 error is really there
+    # the float32 reference continues every prompt alike on both paths
+    assert [g.reference_text for g in streamed.generation] == \
+        [g.reference_text for g in resident.generation]
+    for path in (resident, streamed):  # this target is the control's computation: no plugin
+        assert [g.target_text for g in path.generation] == [g.control_text for g in path.generation]
+        assert all(g.match_rate == g.control_match_rate for g in path.generation)
 
 
 def test_the_reference_bank_replays_exactly_on_the_real_model(smollm2, tmp_path):
