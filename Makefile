@@ -36,18 +36,31 @@ stack: $(STAMP)
 # the images and finds (or installs) Chromium itself: the tests marked `docker` and `browser`
 # always run. The three set-ups are independent (Docker build, pip, apt): run side by side, and
 # beside the tests that need none of them; the tests that do run last and wait for the set-up
-# (tests/setup_gate.py; a failed set-up fails them with its log). The total comes last.
+# (tests/setup_gate.py; a failed set-up fails them with its log). The tests that mostly wait
+# (outages, restarts, containers: tests/lanes.py marks them `waits`) run in a second pytest
+# session beside the rest, with one OpenMP thread; its log is printed after the first's. Either
+# session failing fails `make test`; exit 5 (nothing collected) fails the first. The totals come last.
 SETUP_LOG    ?= build/setup.log
 SETUP_STATUS ?= build/setup.status
+LANE_LOG     ?= build/lane.log
+LANE_STATUS  ?= build/lane.status
 test: lint
-	@mkdir -p build; rm -f $(SETUP_STATUS)
-	@echo "make test: set-up (images, engine, browser) in the background, log $(SETUP_LOG)"
+	@mkdir -p build; rm -f $(SETUP_STATUS) $(LANE_STATUS)
+	@echo "make test: set-up (images, engine, browser) in the background, log $(SETUP_LOG);" \
+	  "the tests that mostly wait in a second session, log $(LANE_LOG)"
 	@( $(MAKE) --no-print-directory -j3 --output-sync=target setup >$(SETUP_LOG) 2>&1; \
 	   echo $$? >$(SETUP_STATUS) ) &
-	@start=$$(date +%s); DAY0_SETUP_STATUS=$(SETUP_STATUS) DAY0_SETUP_LOG=$(SETUP_LOG) \
-	  $(PY) -m pytest $(PYTEST_ARGS); code=$$?; \
+	@start=$$(date +%s); export DAY0_SETUP_STATUS=$(SETUP_STATUS) DAY0_SETUP_LOG=$(SETUP_LOG); \
+	  ( OMP_NUM_THREADS=1 $(PY) -m pytest $(PYTEST_ARGS) -p no:cacheprovider -m waits \
+	      >$(LANE_LOG) 2>&1; echo $$? >$(LANE_STATUS) ) & \
+	  DAY0_LANE_STATUS=$(LANE_STATUS) $(PY) -m pytest $(PYTEST_ARGS) -m "not waits"; code=$$?; \
+	  main=$$(( $$(date +%s) - start )); \
+	  while [ ! -s $(LANE_STATUS) ]; do sleep 2; done; lane=$$(cat $(LANE_STATUS)); \
+	  echo "=== the waiting lane (pytest -m waits, beside the above): exit $$lane"; cat $(LANE_LOG); \
 	  while [ ! -s $(SETUP_STATUS) ]; do sleep 2; done; cat $(SETUP_LOG); \
-	  echo "make test: pytest took $$(( $$(date +%s) - start )) s (exit $$code)"; exit $$code
+	  if [ $$code -eq 0 ] && [ $$lane -ne 0 ] && [ $$lane -ne 5 ]; then code=$$lane; fi; \
+	  echo "make test: pytest took $$(( $$(date +%s) - start )) s (exit $$code; the first session" \
+	    "$$main s, the waiting lane exit $$lane)"; exit $$code
 
 setup: images browser engine
 

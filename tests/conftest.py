@@ -13,8 +13,9 @@ FIXTURES = ROOT / "tests" / "fixtures"
 MODELS = FIXTURES / "models"
 HELDOUT = FIXTURES / "text" / "heldout.txt"
 PLUGINS = ROOT / "tests" / "plugins"
-# `make test`'s set-up runs beside the tests that do not need it (tests/setup_gate.py)
-pytest_plugins = ["tests.setup_gate"]
+# `make test`'s set-up runs beside the tests that do not need it (tests/setup_gate.py), and the
+# tests that mostly wait run in a second session beside the rest (tests/lanes.py)
+pytest_plugins = ["tests.lanes", "tests.setup_gate"]
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -3,16 +3,17 @@ none of them run: this plugin (loaded by tests/conftest.py) puts the modules hol
 marked docker, engine or browser after every other module, and holds each such test until the
 set-up has finished. Nothing is skipped: a failed set-up fails those tests with its log. Tests
 marked timing (they judge wall-clock figures) wait too, so no build runs beside them, and then
-wait until the CPUs are quiet (tests/quiet.py).
+wait until the CPUs are quiet (tests/quiet.py), after the waiting lane (tests/lanes.py) has ended.
 
 The Makefile names the set-up's status file in DAY0_SETUP_STATUS (its exit code, written when it
-ends) and its log in DAY0_SETUP_LOG; without DAY0_SETUP_STATUS (a plain pytest run) nothing waits
-and the order is unchanged.
+ends) and its log in DAY0_SETUP_LOG, and the waiting lane's in DAY0_LANE_STATUS; without them (a
+plain pytest run) nothing waits and the order is unchanged.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -67,9 +68,27 @@ def wait_for_setup() -> None:
                     f"{_finished['code']}:\n{tail}", pytrace=False)
 
 
+def wait_for_lane() -> None:
+    """Return once the waiting lane's session has ended (whatever its result: the Makefile judges
+    it), or after WAIT_S: a timing test is then judged beside it, and says so."""
+    status_file = os.environ.get("DAY0_LANE_STATUS")
+    if not status_file or "lane" in _finished:
+        return
+    deadline = time.monotonic() + WAIT_S
+    path = Path(status_file)
+    while not (path.is_file() and path.read_text().strip()):
+        if time.monotonic() > deadline:
+            print(f"\nwarning: the waiting lane had not ended after {WAIT_S:.0f} s",
+                  file=sys.stderr)
+            break
+        time.sleep(2)
+    _finished["lane"] = 1
+
+
 @pytest.hookimpl(tryfirst=True)  # before the test's fixtures (an engine, a container) start
 def pytest_runtest_setup(item):
     if needs_setup(item):
         wait_for_setup()
     if item.get_closest_marker("timing"):
+        wait_for_lane()
         wait_until_quiet()
