@@ -1,5 +1,4 @@
-"""tests/lanes.py: the waiting lane holds every Docker module and never an engine or timing test,
-and the two sessions of `make test` together run every test once."""
+"""tests/lanes.py: the waiting lane holds every Docker module and never an engine or timing test."""
 
 from __future__ import annotations
 
@@ -21,14 +20,12 @@ def test_every_waiting_module_exists():
     assert all((ROOT / prefix).exists() for prefix in WAITING), WAITING
 
 
-def test_the_two_sessions_split_the_suite_and_docker_tests_stay_in_the_lane():
-    code_all, everything = collected()
-    code_lane, lane = collected("-m", "waits")
-    code_main, main = collected("-m", "not waits")
-    assert (code_all, code_lane, code_main) == (0, 0, 0)
-    assert lane and main and not lane & main and lane | main == everything
-    # containers are counted by label: only one session may start them
+def test_the_lane_holds_every_docker_test_and_collects():
+    """`-m waits` and `-m "not waits"` split the suite by construction; what can go wrong is a
+    Docker module left in the other session, or an engine or timing test put in the lane (a
+    usage error at collection, so the lane's session would fail)."""
+    code, lane = collected("-m", "waits")
+    assert code == 0 and lane
+    assert all(nodeid.startswith(WAITING) for nodeid in lane)
     code, docker_outside = collected("-m", "docker and not waits")
     assert code == 5 and not docker_outside
-    code, late = collected("-m", "waits and (engine or timing)")
-    assert code == 5 and not late

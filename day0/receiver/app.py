@@ -222,8 +222,7 @@ class Receiver:
                 reason = str(exc) or type(exc).__name__
             else:
                 state, fresh = fut.result()
-                if state is not None and state.state == "settling":
-                    log.info("s3://%s/%s %s", bucket, prefix, state.detail)
+                if state is not None and state.state == "settling":  # the check logged it
                     out.append({"model": model, "state": "settling", "detail": state.detail})
                     continue
                 reason = "an earlier check is still running" if state is None or state.checked < gen else None
@@ -231,12 +230,7 @@ class Receiver:
                 log.info("s3://%s/%s recorded, its check is pending: %s", bucket, prefix, reason)
                 out.append({"model": model, "state": "recorded", "detail": f"check pending: {reason}"})
                 continue
-            any_new |= any(fresh)
-            if state.state != "complete":
-                log.info("s3://%s/%s not complete yet: %s", bucket, prefix, state.detail)
-            else:
-                log.info("s3://%s/%s complete (revision %s): %d new release(s)", bucket, prefix,
-                         state.revision, sum(fresh))
+            any_new |= any(fresh)  # the check logged its outcome (completeness.Checker)
             out.append({"model": model, "state": state.state, "missing": state.missing,
                         "revision": state.revision, "detail": state.detail,
                         "new_releases": sum(fresh)})

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import logging
 import posixpath
 import threading
 import time
@@ -27,6 +28,10 @@ from day0.receiver.journal import Journal, PrefixState, ReleaseRow
 from day0.receiver.settings import CheckpointSettings, S3Settings
 from day0.checkpoint.safetensors_header import expected_size, header_length, parse_header
 from day0.store.s3 import HEADER_PROBE_BYTES, NoSuchObject, ObjectInfo, S3Uri
+
+# the receiver's log (app.py adds its escaping filter): one line per check that ran, whether an
+# event's answer or the worker's later pass ran it
+log = logging.getLogger("day0.receiver")
 
 CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
@@ -256,12 +261,13 @@ class Checker:
             listed_at = time.time()
             result = check_prefix(self.client(), bucket, prefix, self.rules, self._cache)
             releases = []
+            settling = (f"complete; a release once no object has landed for "
+                        f"{self.rules.settle_s:g} s (checkpoint.settle_s)")
             if result.complete and self.rules.settle_s > 0 and self.journal.settling(
-                    bucket, prefix, self.rules.settle_s, listed_at,
-                    f"complete; a release once no object has landed for {self.rules.settle_s:g} s"
-                    " (checkpoint.settle_s)"):
+                    bucket, prefix, self.rules.settle_s, listed_at, settling):
                 # files may still be landing (tokenizer.json after the index): checked again
                 # once quiet, so the release names the whole upload's revision
+                log.info("s3://%s/%s %s", bucket, prefix, settling)
                 return self.journal.prefix(bucket, prefix), []
             if result.complete:
                 model, source = model_of(bucket, prefix), str(S3Uri(bucket, prefix))
@@ -271,4 +277,9 @@ class Checker:
             fresh = self.journal.finish_check(
                 bucket, prefix, covered, "complete" if result.complete else "waiting",
                 missing, result.detail, result.revision, releases)
+            if result.complete:
+                log.info("s3://%s/%s complete (revision %s): %d new release(s)", bucket, prefix,
+                         result.revision, sum(fresh))
+            else:
+                log.info("s3://%s/%s not complete yet: %s", bucket, prefix, result.detail)
             return self.journal.prefix(bucket, prefix), fresh

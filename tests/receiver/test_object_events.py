@@ -257,3 +257,33 @@ def test_a_name_ordered_upload_is_one_release(deployment, s3_server, tmp_path, s
         else:  # what the window prevents: a release of the listing without tokenizer.json
             assert answers[-2:] == ["accepted", "ignored"], answers
             assert released != whole, keys
+
+
+def test_every_check_that_runs_logs_its_outcome_once(s3_server, tmp_path, caplog):
+    """The receiver's log has a line per check, not only per check an event's answer waited
+    for: under load the answer says "check pending" and the worker's later pass checks, and
+    that pass logs "not complete yet" (docs/releases.md, "The receiver's log"). A check that
+    an earlier one already covered runs nothing and logs nothing."""
+    from day0.receiver.completeness import Checker
+
+    client = s3_server.client()
+    bucket = s3_server.create_bucket(BUCKET)
+    ck = make_checkpoint(tmp_path / "ck", shards=2)
+    prefix = unique("org/logged")
+    journal = Journal(tmp_path / "journal.sqlite")
+    checker = Checker(journal, lambda: client, CheckpointSettings(settle_s=0), ["cpu-bf16"])
+    *first, last = upload_order(ck)
+    for name in first:
+        client.upload_file(str(ck / name), bucket, f"{prefix}/{name}")
+    caplog.set_level("INFO", logger="day0.receiver")
+    (gen,) = journal.record_objects([(bucket, prefix)]).values()
+    checker.ensure_checked(bucket, prefix, gen)
+    checker.ensure_checked(bucket, prefix, gen)  # covered: nothing runs
+    client.upload_file(str(ck / last), bucket, f"{prefix}/{last}")
+    (gen,) = journal.record_objects([(bucket, prefix)]).values()
+    state, fresh = checker.ensure_checked(bucket, prefix, gen)
+    lines = [r.getMessage() for r in caplog.records if prefix in r.getMessage()]
+    assert lines == [f"s3://{bucket}/{prefix} not complete yet: waiting for 1 shard",
+                     f"s3://{bucket}/{prefix} complete (revision {state.revision}): 1 new "
+                     "release(s)"], lines
+    assert fresh == [True]
