@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT
 from tests.lanes import WAITING
 
@@ -20,6 +22,7 @@ def test_every_waiting_module_exists():
     assert all((ROOT / prefix).exists() for prefix in WAITING), WAITING
 
 
+@pytest.mark.slow  # two collections of the whole suite (~8 s each on 2 cores): not in test-fast
 def test_the_lane_holds_every_docker_test_and_collects():
     """`-m waits` and `-m "not waits"` split the suite by construction; what can go wrong is a
     Docker module left in the other session, or an engine or timing test put in the lane (a
