@@ -46,21 +46,32 @@ def pytest_collection_modifyitems(config, items):
 _finished: dict[str, int] = {}
 
 
+def _wait_for_status(env_name: str) -> int | None:
+    """The exit code in the status file that env_name names, once written; None when no file
+    is named or none was written within WAIT_S."""
+    status_file = os.environ.get(env_name)
+    if not status_file:
+        return None
+    deadline = time.monotonic() + WAIT_S
+    path = Path(status_file)
+    while not (path.is_file() and path.read_text().strip()):
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(2)
+    return int(path.read_text().strip())
+
+
 def wait_for_setup() -> None:
     """Return once the set-up succeeded; fail (with its log's tail) when it failed or never
     ended within WAIT_S."""
-    status_file = os.environ.get("DAY0_SETUP_STATUS")
-    if not status_file:
+    if not os.environ.get("DAY0_SETUP_STATUS"):
         return
     if "code" not in _finished:
-        deadline = time.monotonic() + WAIT_S
-        path = Path(status_file)
-        while not (path.is_file() and path.read_text().strip()):
-            if time.monotonic() > deadline:
-                pytest.fail(f"`make setup` had not finished after {WAIT_S:.0f} s "
-                            f"(log: {os.environ.get('DAY0_SETUP_LOG')})", pytrace=False)
-            time.sleep(2)
-        _finished["code"] = int(path.read_text().strip())
+        code = _wait_for_status("DAY0_SETUP_STATUS")
+        if code is None:
+            pytest.fail(f"`make setup` had not finished after {WAIT_S:.0f} s "
+                        f"(log: {os.environ.get('DAY0_SETUP_LOG')})", pytrace=False)
+        _finished["code"] = code
     if _finished["code"] != 0:
         log = Path(os.environ.get("DAY0_SETUP_LOG", ""))
         tail = log.read_text(errors="replace")[-3000:] if log.is_file() else ""
@@ -71,17 +82,10 @@ def wait_for_setup() -> None:
 def wait_for_lane() -> None:
     """Return once the waiting lane's session has ended (whatever its result: the Makefile judges
     it), or after WAIT_S: a timing test is then judged beside it, and says so."""
-    status_file = os.environ.get("DAY0_LANE_STATUS")
-    if not status_file or "lane" in _finished:
+    if not os.environ.get("DAY0_LANE_STATUS") or "lane" in _finished:
         return
-    deadline = time.monotonic() + WAIT_S
-    path = Path(status_file)
-    while not (path.is_file() and path.read_text().strip()):
-        if time.monotonic() > deadline:
-            print(f"\nwarning: the waiting lane had not ended after {WAIT_S:.0f} s",
-                  file=sys.stderr)
-            break
-        time.sleep(2)
+    if _wait_for_status("DAY0_LANE_STATUS") is None:
+        print(f"\nwarning: the waiting lane had not ended after {WAIT_S:.0f} s", file=sys.stderr)
     _finished["lane"] = 1
 
 
