@@ -38,8 +38,9 @@ stack: $(STAMP)
 # beside the tests that need none of them; the tests that do run last and wait for the set-up
 # (tests/setup_gate.py; a failed set-up fails them with its log). The tests that mostly wait
 # (outages, restarts, containers: tests/lanes.py marks them `waits`) run in a second pytest
-# session beside the rest, with one OpenMP thread; its log is printed after the first's. Either
-# session failing fails `make test`; exit 5 (nothing collected) fails the first. The totals come last.
+# session beside the rest; while both run, each uses one OpenMP thread (tests/lanes.py says
+# why); its log is printed after the first's. Either session failing fails `make test`; exit 5
+# (nothing collected) fails the first. The totals come last.
 SETUP_LOG    ?= build/setup.log
 SETUP_STATUS ?= build/setup.status
 LANE_LOG     ?= build/lane.log

@@ -10,7 +10,9 @@ Prints, each a fresh process as a user runs it:
                 `--no-cache` (nothing reused: every stage recomputed), each with its own
                 temporary Prefect server as a first-time user gets
   * kept      - `day0 server start` (once), then `day0 validate MODEL --no-cache` attached to it
-                (what a second validation costs when the server is kept between commands)
+                twice: the first starts the stage host kept beside the server, the second forks
+                from it (what a validation right after another costs when day0 keeps its server
+                and host warm between commands)
   * per stage - report.json's seconds of each run, and the rest (server, flow, host)
 With --real also SmolLM2-135M-Instruct (scripts/fetch_real_models.py) at default settings:
 its verdict, wall time and each stage's seconds against its budget.
@@ -75,6 +77,7 @@ def main() -> int:
     assert proc.returncode == 0, proc.stderr[-2000:]
     try:
         kept_s, kept = validate(model, args.target, env, work / "kept", "--no-cache")
+        warm_s, warm = validate(model, args.target, env, work / "warm", "--no-cache")
     finally:
         day0("server", "stop", env=env)
 
@@ -83,14 +86,16 @@ def main() -> int:
             (f"day0 validate {args.model} (cold)", cold_s),
             (f"day0 validate {args.model} --no-cache", nocache_s),
             ("day0 server start (once)", server_s),
-            (f"day0 validate {args.model} --no-cache, kept server", kept_s)]
+            (f"day0 validate {args.model} --no-cache, kept server", kept_s),
+            (f"day0 validate {args.model} --no-cache, kept server and host", warm_s)]
     print(f"{'what':58} {'seconds':>8} {'x import':>9}")
     for what, seconds in rows:
         print(f"{what:58} {seconds:8.1f} {seconds / base:9.2f}")
     print(f"verdicts: cold {cold['verdict']}, --no-cache {again['verdict']}, kept server "
-          f"{kept['verdict']}")
+          f"{kept['verdict']}, kept server and host {warm['verdict']}")
     for label, report, total in (("cold", cold, cold_s), ("--no-cache", again, nocache_s),
-                                 ("kept server", kept, kept_s)):
+                                 ("kept server", kept, kept_s),
+                                 ("kept server and host", warm, warm_s)):
         stages = stage_seconds(report)
         split = ", ".join(f"{k} {v:.1f}" for k, v in stages.items())
         print(f"{label} per stage (s): {split}; outside stages {total - sum(stages.values()):.1f}")

@@ -15,6 +15,7 @@ results store did not take ends Failed "NOT PUBLISHED" until the outbox publishe
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from prefect import flow, get_run_logger
@@ -31,6 +32,7 @@ from day0.verdict import pipeline
 from day0.execution import stagehost
 from day0 import stages as registry
 from day0.verdict import report as reporting
+from day0.rendering import plots as plotting
 from day0.rendering import publish as publishing
 from day0.execution.contract import StageInputs
 from day0.execution.stage import StageOutcome, interrupt_running
@@ -102,9 +104,15 @@ def _run_waves(waves: list[list[str]], inputs: StageInputs, configs: dict, use_c
             interrupted = exc
             logger.warning("SIGTERM: stopping the running stages; the report keeps what "
                            "they measured")
-            interrupt_running(exc.signal)
+            signalled = interrupt_running(exc.signal)
             for name, future in futures.items():
                 if name not in outcomes:
+                    # a stage still starting (its process not forked yet) missed the signal:
+                    # it gets it once its process runs, not after its whole work
+                    done = threading.Event()
+                    future.add_done_callback(lambda _, done=done: done.set())
+                    while not done.wait(0.2):
+                        signalled = interrupt_running(exc.signal, signalled)
                     outcome = _outcome(name, future)
                     if not outcome.ok and outcome.failure != "target":  # stopped, not failed
                         outcome = outcome.model_copy(update={
@@ -142,6 +150,7 @@ def validate(source: str, target: str | None = "cpu-bf16", target_file: str | No
     target_profile = resolve_target(target, target_file)
     if target_profile.runner == "process":  # the host's imports overlap the checks below
         stagehost.prewarm()
+    plotting.warm_up()  # while the stages run: the report's plots are drawn after the last
     gate_file = gating.load_gates(gates)  # config errors stop the run before any stage
     configs = registry.apply_options(stage_configs or {}, options)
     pipeline.check_configs(configs)

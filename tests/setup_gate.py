@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.lanes import use_every_core_once_the_lane_ended
 from tests.quiet import wait_until_quiet
 
 NEEDS_SETUP = ("docker", "engine", "browser", "timing")
@@ -93,6 +94,9 @@ def wait_for_lane() -> None:
 def pytest_runtest_setup(item):
     if needs_setup(item):
         wait_for_setup()
-    if item.get_closest_marker("timing"):
+    timing = item.get_closest_marker("timing")
+    if timing:
         wait_for_lane()
+    use_every_core_once_the_lane_ended()  # tests/lanes.py: one thread while the lane runs
+    if timing:
         wait_until_quiet()

@@ -137,17 +137,21 @@ def main(argv: list[str] | None = None) -> int:
 _RUNNING: set[int] = set()  # process groups of the stage children running now
 
 
-def interrupt_running(signum: int = signal.SIGTERM) -> int:
-    """Send signum to every running stage child's process group (a stage that handles it, the
-    soak, stops early and reports what it measured); how many were signalled."""
-    sent = 0
+def interrupt_running(signum: int = signal.SIGTERM, already: frozenset[int] = frozenset()
+                      ) -> frozenset[int]:
+    """Send signum to every running stage child's process group not in already (a stage that
+    handles it, the soak, stops early and reports what it measured, so none gets it twice);
+    the groups signalled, already included."""
+    sent = set(already)
     for group in list(_RUNNING):
+        if group in sent:
+            continue
         try:
             os.killpg(group, signum)
-            sent += 1
+            sent.add(group)
         except ProcessLookupError:
             _RUNNING.discard(group)
-    return sent
+    return frozenset(sent)
 
 
 class TracebackFilter:

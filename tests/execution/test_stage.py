@@ -112,3 +112,48 @@ def test_a_stage_traceback_stays_in_its_log_tail_and_the_log_shows_its_exception
         "[stage] working", "ValueError: first", "RuntimeError: second", "[stage] after"]
     monkeypatch.setenv("DAY0_DEBUG", "1")
     assert all(map(TracebackFilter(), lines))
+
+
+COUNTS_SIGTERM = ("import signal, sys, time\n"
+                  "got = []\n"
+                  "signal.signal(signal.SIGTERM, lambda *_: (got.append(1), print(len(got), flush=True)))\n"
+                  "print('ready', flush=True)\n"
+                  "deadline = time.monotonic() + 30\n"
+                  "while time.monotonic() < deadline and not got: time.sleep(0.05)\n"
+                  "time.sleep(0.5)\n")
+
+
+def test_interrupting_again_signals_only_the_stages_that_started_since():
+    """The flow signals the running stages, then again while it waits for the others: a stage
+    forked after the first signal gets one too, and none gets it twice (a soak that stops on the
+    first SIGTERM would take a second as an abort)."""
+    import signal as signals
+
+    from day0.execution import stage
+
+    started = []
+
+    def child():
+        proc = subprocess.Popen([sys.executable, "-c", COUNTS_SIGTERM], stdout=subprocess.PIPE,
+                                text=True, start_new_session=True)
+        assert proc.stdout.readline().strip() == "ready"
+        stage._RUNNING.add(proc.pid)
+        started.append(proc)
+        return proc
+
+    try:
+        first = child()
+        signalled = stage.interrupt_running(signals.SIGTERM)
+        assert signalled == {first.pid}
+        late = child()  # started after the first signal (its host was still starting)
+        signalled = stage.interrupt_running(signals.SIGTERM, signalled)
+        assert signalled == {first.pid, late.pid}
+        assert stage.interrupt_running(signals.SIGTERM, signalled) == signalled
+        for proc in (first, late):
+            out, _ = proc.communicate(timeout=60)
+            assert out.split() == ["1"], out  # one SIGTERM each
+    finally:
+        for proc in started:
+            stage._RUNNING.discard(proc.pid)
+            if proc.poll() is None:
+                proc.kill()
