@@ -20,7 +20,7 @@ What may run in the waiting lane, and what must not:
 
 While the lane runs, this session's torch work uses one OpenMP thread too (OMP_NUM_THREADS=1 for
 its children and stage hosts, torch.set_num_threads(1) here), then every core once the lane has
-ended (before the next test). Measured on the 2-core machine (tiny-llama, 20 bf16 forwards of
+ended (before the next module). Measured on the 2-core machine (tiny-llama, 20 bf16 forwards of
 32x256 tokens): two threads beside one busy process take 8.7 s, one thread 3.8 s, two threads
 alone 3.1 s. A parallel region waits for its slowest thread, and with three runnable threads on
 two cores one of them is always descheduled: in the run before this change the first session's
@@ -89,11 +89,13 @@ def pytest_configure(config):
             sys.modules["torch"].set_num_threads(1)
 
 
-def use_every_core_once_the_lane_ended() -> None:
+def use_every_core_once_the_lane_ended(item) -> None:
     """Called before each test (tests/setup_gate.py): once the lane has ended, this session's
     children, stage hosts (keyed by their OpenMP settings: a new one starts) and torch get every
-    core again."""
-    if "before" not in _shared or _lane_running():
+    core again, at the first test of a module (a module's fixtures and tests compare numbers
+    computed alike; engine tests, which share engines across modules, wait for the lane)."""
+    module, _shared["module"] = _shared.get("module"), item.module.__name__
+    if "before" not in _shared or module == item.module.__name__ or _lane_running():
         return
     before = _shared.pop("before")
     if before is None:
@@ -101,8 +103,9 @@ def use_every_core_once_the_lane_ended() -> None:
     else:
         os.environ[THREADS_ENV] = before
     if "torch" in sys.modules:  # what torch picks by itself in this environment
-        default = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
-                                 capture_output=True, text=True, timeout=120)
+        default = subprocess.run(
+            [sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+            capture_output=True, text=True, timeout=120)
         sys.modules["torch"].set_num_threads(int(default.stdout.strip() or os.cpu_count() or 1))
     from day0.execution import stagehost
 

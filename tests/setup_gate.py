@@ -3,7 +3,8 @@ none of them run: this plugin (loaded by tests/conftest.py) puts the modules hol
 marked docker, engine or browser after every other module, and holds each such test until the
 set-up has finished. Nothing is skipped: a failed set-up fails those tests with its log. Tests
 marked timing (they judge wall-clock figures) wait too, so no build runs beside them, and then
-wait until the CPUs are quiet (tests/quiet.py), after the waiting lane (tests/lanes.py) has ended.
+wait until the CPUs are quiet (tests/quiet.py), after the waiting lane (tests/lanes.py) has ended;
+engine tests start after the lane too.
 
 The Makefile names the set-up's status file in DAY0_SETUP_STATUS (its exit code, written when it
 ends) and its log in DAY0_SETUP_LOG, and the waiting lane's in DAY0_LANE_STATUS; without them (a
@@ -23,6 +24,9 @@ from tests.lanes import use_every_core_once_the_lane_ended
 from tests.quiet import wait_until_quiet
 
 NEEDS_SETUP = ("docker", "engine", "browser", "timing")
+# judged on wall-clock figures, or compared with each other across modules through an engine
+# kept for the package: never beside the lane, never across the switch to every core
+AFTER_THE_LANE = ("timing", "engine")
 WAIT_S = float(os.environ.get("DAY0_SETUP_WAIT_S", "2700"))  # the slowest set-up, on a cold CI
 
 
@@ -94,9 +98,8 @@ def wait_for_lane() -> None:
 def pytest_runtest_setup(item):
     if needs_setup(item):
         wait_for_setup()
-    timing = item.get_closest_marker("timing")
-    if timing:
+    if any(item.get_closest_marker(name) for name in AFTER_THE_LANE):
         wait_for_lane()
-    use_every_core_once_the_lane_ended()  # tests/lanes.py: one thread while the lane runs
-    if timing:
+    use_every_core_once_the_lane_ended(item)  # tests/lanes.py: one thread while the lane runs
+    if item.get_closest_marker("timing"):
         wait_until_quiet()

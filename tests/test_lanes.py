@@ -35,14 +35,20 @@ def test_the_lane_holds_every_docker_test_and_collects():
     assert code == 5 and not docker_outside
 
 
-SESSION_BESIDE_THE_LANE = """
+WHILE_THE_LANE_RUNS = """
 import os, pathlib, torch
 
-def test_a_while_the_lane_runs():
+def test_while_the_lane_runs():
     assert os.environ["OMP_NUM_THREADS"] == "1" and torch.get_num_threads() == 1
     pathlib.Path(os.environ["DAY0_LANE_STATUS"]).write_text("0\\n")  # the lane ends
 
-def test_b_once_it_has_ended():
+def test_the_rest_of_the_module_keeps_its_thread():  # its numbers are computed alike
+    assert os.environ["OMP_NUM_THREADS"] == "1" and torch.get_num_threads() == 1
+"""
+ONCE_IT_HAS_ENDED = """
+import os, torch
+
+def test_the_next_module_gets_every_core():
     assert "OMP_NUM_THREADS" not in os.environ
     assert torch.get_num_threads() == int(os.environ["THREADS_ALONE"])
 """
@@ -50,17 +56,18 @@ def test_b_once_it_has_ended():
 
 def test_the_other_session_uses_one_thread_while_the_lane_runs_then_every_core(tmp_path):
     """The session beside the lane (the Makefile gives it DAY0_LANE_STATUS) starts with one
-    OpenMP thread, here and for its children, and gets torch's own default back before the
-    first test after the lane's status file is written."""
+    OpenMP thread, here and for its children, and gets torch's own default back at the first
+    module after the lane's status file is written."""
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     alone = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
                            capture_output=True, text=True, env=env, timeout=120)
-    (tmp_path / "test_beside.py").write_text(SESSION_BESIDE_THE_LANE)
+    (tmp_path / "test_beside_a.py").write_text(WHILE_THE_LANE_RUNS)
+    (tmp_path / "test_beside_b.py").write_text(ONCE_IT_HAS_ENDED)
     env.update(DAY0_LANE_STATUS=str(tmp_path / "lane.status"), THREADS_ALONE=alone.stdout.strip(),
                DAY0_STAGE_HOST="0")  # no warm host for the restored environment: nothing forks
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            "-p", "tests.lanes", "-p", "tests.setup_gate",
-                           str(tmp_path / "test_beside.py")],
+                           str(tmp_path / "test_beside_a.py"), str(tmp_path / "test_beside_b.py")],
                           cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert "2 passed" in done.stdout
+    assert "3 passed" in done.stdout

@@ -91,10 +91,14 @@ def test_stages_are_forked_from_one_warm_host_with_the_callers_environment(tmp_p
 
 def test_an_import_time_variable_gets_a_host_of_its_own(monkeypatch):
     base = stagehost.host_key(dict(os.environ))
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    before = os.environ.get("OMP_NUM_THREADS")  # make test sets it while the waiting lane runs
+    monkeypatch.setenv("OMP_NUM_THREADS", "5" if before == "7" else "7")
     assert stagehost.host_key(dict(os.environ)) != base
     monkeypatch.setenv("PYTHONUNBUFFERED", "1")  # children are line-buffered whatever the host
-    monkeypatch.delenv("OMP_NUM_THREADS")
+    if before is None:
+        monkeypatch.delenv("OMP_NUM_THREADS")
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", before)
     assert stagehost.host_key(dict(os.environ)) == base
 
 
