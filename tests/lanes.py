@@ -73,12 +73,16 @@ LANE_STATUS_ENV = "DAY0_LANE_STATUS"
 _shared: dict = {}  # "before": THREADS_ENV's value to restore (None: unset), while sharing
 
 
+def written_status(env_name: str) -> int | None:
+    """The exit code in the status file that env_name names once the Makefile wrote it; None
+    while it is not written (or no file is named)."""
+    status = os.environ.get(env_name)
+    text = Path(status).read_text().strip() if status and Path(status).is_file() else ""
+    return int(text) if text else None
+
+
 def _lane_running() -> bool:
-    status = os.environ.get(LANE_STATUS_ENV)
-    if not status:
-        return False
-    path = Path(status)
-    return not (path.is_file() and path.read_text().strip())
+    return bool(os.environ.get(LANE_STATUS_ENV)) and written_status(LANE_STATUS_ENV) is None
 
 
 def pytest_configure(config):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.lanes import use_every_core_once_the_lane_ended
+from tests.lanes import use_every_core_once_the_lane_ended, written_status
 from tests.quiet import wait_until_quiet
 
 NEEDS_SETUP = ("docker", "engine", "browser", "timing")
@@ -54,16 +54,14 @@ _finished: dict[str, int] = {}
 def _wait_for_status(env_name: str) -> int | None:
     """The exit code in the status file that env_name names, once written; None when no file
     is named or none was written within WAIT_S."""
-    status_file = os.environ.get(env_name)
-    if not status_file:
+    if not os.environ.get(env_name):
         return None
     deadline = time.monotonic() + WAIT_S
-    path = Path(status_file)
-    while not (path.is_file() and path.read_text().strip()):
+    while (code := written_status(env_name)) is None:
         if time.monotonic() > deadline:
             return None
         time.sleep(2)
-    return int(path.read_text().strip())
+    return code
 
 
 def wait_for_setup() -> None:
