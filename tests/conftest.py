@@ -66,6 +66,20 @@ def perf_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def smollm2() -> Path:
+    """The real SmolLM2-135M-Instruct (scripts/fetch_real_models.py). The model cache outlives the
+    session's throw-away DAY0_CACHE_DIR: fetched once per machine."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "DAY0_CACHE_DIR"}
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "fetch_real_models.py")],
+                          capture_output=True, text=True, timeout=1200, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
 def fused_checkpoint(tmp_path_factory) -> Path:
     """A tiny random sarvam_moe as save_pretrained writes it: q/k/v fused into one
     attention.query_key_value per layer, which the class splits on load (transformers'

@@ -8,9 +8,6 @@ over the model's full 8192-token context.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,16 +20,6 @@ from day0.execution.targets import Target
 ROOT = Path(__file__).resolve().parents[1]
 PLUGINS = ROOT / "tests" / "plugins"
 pytestmark = [pytest.mark.slow, pytest.mark.real_model]
-
-
-@pytest.fixture(scope="module")
-def smollm2() -> Path:
-    # the model cache outlives the session's throw-away DAY0_CACHE_DIR: fetched once per machine
-    env = {k: v for k, v in os.environ.items() if k != "DAY0_CACHE_DIR"}
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "fetch_real_models.py")],
-                          capture_output=True, text=True, timeout=1200, env=env)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return Path(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")

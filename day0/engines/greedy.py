@@ -28,22 +28,33 @@ class GreedyComparison(BaseModel):
         "Largest |logprob a - logprob b| of the chosen token over the matched prefix (0 when "
         "a side gave no logprob for it)."))
     why: str = Field("", description="Why not close (the two tokens and their ranks).")
+    tie_gap: float | None = Field(None, description=(
+        "At the first difference: the larger of the two sides' logprob margins between their "
+        "own token and the other side's (a near-tie has a small one); None without a "
+        "difference or when a token is missing from a top-k."))
 
 
-def compare_greedy(a: list[Step], b: list[Step]) -> GreedyComparison:
-    """a and b: the two sides' steps; a side that stopped early is compared over the shorter."""
+def compare_greedy(a: list[Step], b: list[Step], max_gap: float | None = None) -> GreedyComparison:
+    """a and b: the two sides' steps; a side that stopped early is compared over the shorter.
+    max_gap: also require the first difference to be a near-tie, each side's margin between its
+    own token and the other's at most max_gap nats (None: top-k membership alone, as vLLM)."""
     count = min(len(a), len(b))
     diff = 0.0
     for index in range(count):
         (tok_a, top_a), (tok_b, top_b) = a[index], b[index]
         if tok_a != tok_b:
-            close = tok_a in top_b and tok_b in top_a
+            inside = tok_a in top_b and tok_b in top_a
+            gap = max(top_a[tok_a] - top_a[tok_b], top_b[tok_b] - top_b[tok_a]) if (
+                inside and tok_a in top_a and tok_b in top_b) else None
+            close = inside and (max_gap is None or gap is not None and gap <= max_gap)
             why = "" if close else (
                 f"position {index}: {tok_a} vs {tok_b}; "
                 f"{tok_a} {'in' if tok_a in top_b else 'not in'} the other's top-{len(top_b)}, "
-                f"{tok_b} {'in' if tok_b in top_a else 'not in'} the other's top-{len(top_a)}")
+                f"{tok_b} {'in' if tok_b in top_a else 'not in'} the other's top-{len(top_a)}"
+                + (f"; margin {gap:.3f} nats > {max_gap}" if inside and gap is not None else ""))
             return GreedyComparison(tokens=count, first_difference=index, close=close,
-                                    matched_prefix=index, max_logprob_diff=diff, why=why)
+                                    matched_prefix=index, max_logprob_diff=diff, why=why,
+                                    tie_gap=gap)
         if tok_a in top_a and tok_b in top_b:
             diff = max(diff, abs(top_a[tok_a] - top_b[tok_b]))
     return GreedyComparison(tokens=count, first_difference=None, close=True,

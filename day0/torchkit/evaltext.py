@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,6 +48,17 @@ def read_text(path: Path) -> str:
         raise ConfigError("evaluation text is empty", file=str(path), field="text_file",
                           fix="give a file with a few KB of representative text")
     return text
+
+
+def chat_ids(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    """The checkpoint's prompt ids of messages (generation prompt added; tools passed to a
+    template that renders them), as a plain list."""
+    extra = {"tools": tools} if tools else {}
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                        return_dict=False, **extra)
+    if isinstance(out, Mapping):  # a transformers version that returns the encoding anyway
+        out = out["input_ids"]
+    return [int(i) for i in out]
 
 
 def load_tokenizer(source: str | Path, trust_remote_code: bool = False):

@@ -6,7 +6,9 @@ original checkpoint.
 * ``weight_fault`` - weight conversion bug: one tensor of one layer scaled (e.g. a dropped or
   doubled scale factor in one projection);
 * ``tokenizer_fault`` - tokenizer bug: the ids of BOS/EOS (and of 'e'/'t') swapped in
-  tokenizer.json, the same strings mapping to other ids (a tokenizer from another release).
+  tokenizer.json, the same strings mapping to other ids (a tokenizer from another release);
+* ``defaults_fault`` - request-defaults bug: generation_config.json of the served copy sets a
+  repetition_penalty, which vLLM applies to every request that does not set one (greedy too).
 
 Both copy every file of the fixture (3.5 MB) into ``dst`` and change only what they say.
 """
@@ -70,7 +72,8 @@ def weight_fault(dst: Path, tensor: str = WEIGHT, scale: float = WEIGHT_SCALE,
     return folder
 
 
-__all__ = ["rope_fault", "weight_fault", "copy_fixture", "ROPE_THETA", "WEIGHT", "WEIGHT_SCALE"]
+__all__ = ["rope_fault", "weight_fault", "tokenizer_fault", "defaults_fault", "copy_fixture",
+           "ROPE_THETA", "WEIGHT", "WEIGHT_SCALE", "REPETITION_PENALTY"]
 
 
 SWAPPED = ("<|bos|>", "<|eos|>", "e", "t")
@@ -89,4 +92,19 @@ def tokenizer_fault(dst: Path, swap: tuple[str, ...] = SWAPPED, source: Path = F
         added["id"] = vocab[added["content"]]
     data["added_tokens"].sort(key=lambda t: t["id"])
     path.write_text(json.dumps(data, ensure_ascii=False))
+    return folder
+
+
+REPETITION_PENALTY = 1.5
+
+
+def defaults_fault(dst: Path, penalty: float = REPETITION_PENALTY, source: Path = FIXTURE) -> Path:
+    """A copy whose generation_config.json sets repetition_penalty = penalty."""
+    folder = copy_fixture(dst, source)
+    path = folder / "generation_config.json"
+    config = json.loads(path.read_text())
+    if config.get("repetition_penalty") == penalty:
+        raise ValueError(f"repetition_penalty is already {penalty}: not a fault")
+    config["repetition_penalty"] = penalty
+    path.write_text(json.dumps(config, indent=2))
     return folder

@@ -21,7 +21,7 @@ from day0.engines.client import EngineClient, EngineProtocolError
 from day0.errors import TargetFault
 from day0.verdict.gates import evaluate, load_gates
 from day0.execution.stage import StageSpec, execute
-from day0.stages.api_alignment.api import Engine
+from day0.engines.logprobs import Engine
 from day0.stages.api_alignment.measures import truncated_kl
 from tests.conftest import HELDOUT, ROOT
 from tests.engines.conftest import TINY_LLAMA, engine_target
@@ -195,7 +195,7 @@ def test_top_k_is_lowered_to_what_the_engine_allows():
 
 def test_in_process_greedy_with_a_cache_equals_full_forwards():
     from day0.checkpoint.modeling import load_pretrained
-    from day0.stages.api_alignment.local import Side
+    from day0.torchkit.inprocess import Side
 
     side = Side("reference", load_pretrained(TINY_LLAMA), "cpu")
     batch = [[0, 40, 41, 42, 43], [0, 50, 51, 52, 53]]
@@ -212,7 +212,7 @@ def test_in_process_greedy_with_a_cache_equals_full_forwards():
 
 def test_in_process_chunks_over_a_cache_equal_one_forward():
     from day0.checkpoint.modeling import load_pretrained
-    from day0.stages.api_alignment.local import Side
+    from day0.torchkit.inprocess import Side
 
     side = Side("reference", load_pretrained(TINY_LLAMA), "cpu")
     ids = [0] + list(range(40, 140))

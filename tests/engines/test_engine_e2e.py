@@ -1,5 +1,5 @@
 """`day0 validate --target vllm-cpu-bf16` end to end on a real vLLM for CPU: a correct engine
-PASSes with smoke, alignment and serving-feature gates; the negative controls (a copy of the
+PASSes with smoke, alignment, chat and serving-feature gates; the negative controls (a copy of the
 fixture served under the same name with a conversion bug) FAIL on the right evidence; a killed
 engine, or one that never starts, is ERROR; no engine process is left behind; attach mode gives
 launch mode's metrics."""
@@ -20,7 +20,7 @@ from tests.engines.conftest import TINY_LLAMA, engine_pids, engine_target
 from tests.engines import faults
 
 pytestmark = [pytest.mark.engine, pytest.mark.integration, pytest.mark.slow]
-API_STAGES = "smoke,api_alignment"
+API_STAGES = "smoke,api_alignment,chat"
 
 
 def day0(*args, prefect_server, timeout=1200):
@@ -70,7 +70,8 @@ def test_the_builtin_vllm_target_passes_with_every_engine_gate(launched_report):
     assert "verdict: PASS" in proc.stdout
     assert not left, f"engine processes left behind: {left}"
     applicable = {g["metric"].split(".")[0] for g in report["gates"] if g["applicable"]}
-    assert {"smoke", "api_alignment", "serving", "evaluation", "performance", "soak"} <= applicable
+    assert {"smoke", "api_alignment", "chat", "serving", "evaluation", "performance",
+            "soak"} <= applicable
     assert report["evidence"]["soak"]["planned_s"] == 20 and report["evidence"]["soak"]["windows"]
     assert [r["run"] for r in report["evidence"]["performance"]["runs"]][0] == "short_qa-c1"
     assert report["evidence"]["evaluation"]["target_model"] == "local-completions"
@@ -109,11 +110,19 @@ def test_attach_mode_gives_the_metrics_of_launch_mode(prefect_server, tmp_path, 
 KL = {"api-kl-topk-vs-control", "api-kl-topk-far-vs-control"}
 
 
+CHAT_LOGPROBS = {"chat-prefill-vs-control", "chat-decode-vs-control"}
+
+
 @pytest.mark.parametrize("fault, stage, expected", [
-    ("rope", "api_alignment.", KL | {"api-top1-vs-control"}),
-    ("weight", "api_alignment.", KL | {"api-top1-vs-control"}),
+    ("rope", ("api_alignment.", "chat."),
+     KL | {"api-top1-vs-control", "chat-close-vs-control"} | CHAT_LOGPROBS),
+    ("weight", ("api_alignment.", "chat."), KL | {"api-top1-vs-control"} | CHAT_LOGPROBS),
     ("tokenizer", "smoke.", {"smoke-tokenizer-parity", "smoke-chat-template-parity",
-                             "smoke-checks-pass"})])
+                             "smoke-checks-pass", "chat-prompt-ids"}),
+    # a request default (generation_config.json's repetition_penalty) reshapes greedy answers;
+    # api_alignment's continuations (completions) get it too
+    ("defaults", ("chat.", "api_alignment."), {"chat-close-vs-control", "chat-greedy"})],
+    ids=["rope", "weight", "tokenizer", "defaults"])
 def test_negative_controls_fail_on_the_right_evidence(prefect_server, tmp_path, fault, stage,
                                                       expected):
     """The engine serves a faulty copy under the fixture's name; day0 checks the original."""
@@ -126,7 +135,7 @@ def test_negative_controls_fail_on_the_right_evidence(prefect_server, tmp_path, 
         # target's test above. Evaluation (~30 s a run) on one fault only: the scaled weight,
         # which costs capabilities (its failing gates may then be evaluation's too)
         with_eval = fault == "weight"
-        stages = "smoke,api_alignment" + (",evaluation" if with_eval else "")
+        stages = "smoke,api_alignment,chat" + (",evaluation" if with_eval else "")
         proc = day0("validate", TINY_LLAMA, "--target-file",
                     attach_target(tmp_path, engine.endpoint), "--out", out,
                     "--stages", stages, prefect_server=prefect_server)
@@ -137,12 +146,16 @@ def test_negative_controls_fail_on_the_right_evidence(prefect_server, tmp_path, 
         assert failed
         assert expected <= {g["id"] for g in failed}, (fault, failed)
         if fault != "tokenizer":  # the engine's EOS id moved too: its generation may part
-            allowed = (stage, "evaluation.") if with_eval else (stage,)
+            allowed = (*stage, "evaluation.") if with_eval else stage
             assert all(g["metric"].startswith(allowed) for g in failed), (fault, failed)
         if fault == "tokenizer":  # the evidence names the text and the ids
             mismatches = report["evidence"]["smoke"]["tokenizer"]["mismatches"]
             bos = next(m for m in mismatches if m["case"] == "special:<|bos|>")
             assert (bos["index"], bos["engine_id"], bos["checkpoint_id"]) == (0, 1, 0)
+        if fault == "defaults":  # named where it starts: the request, not prefill or decode
+            rows = report["evidence"]["chat"]["conversations"]
+            assert {r["where"] for r in rows if not r["close"]} == {"request"}, rows
+            assert all(r["prompt_matches"] and r["path_agrees"] for r in rows)
         if fault != "rope":
             return
         # the same engine killed while alignment runs: ERROR naming the stage, not FAIL

@@ -9,15 +9,14 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from day0.execution import progress
-from day0.execution.contract import Laps, StageInputs, StageResult
+from day0.execution.contract import Laps, StageInputs
 from day0.engines.client import EngineClient
 from day0.engines.greedy import compare_greedy
 from day0.engines.process import max_model_len
 from day0.errors import ConfigError
-from day0.checkpoint.modeling import load_pretrained
 from day0.store.sources import local_checkpoint
-from day0.stages.api_alignment.api import Engine
-from day0.stages.api_alignment.local import Side
+from day0.engines.logprobs import Engine, EngineVsControl
+from day0.torchkit.inprocess import Side, load_sides
 from day0.stages.api_alignment.measures import Measures, bucket_bounds, bucket_index
 from day0.stages.api_alignment.report import KL_DEFINITION
 from day0.stages.api_alignment.rows import BucketRow, GenerationRow
@@ -62,15 +61,9 @@ class Config(BaseModel):
         "control.floors (kl, top1_disagreement) are the paired comparison's."))
 
 
-class Result(StageResult):
+class Result(EngineVsControl):
     """Evidence of the api_alignment stage; metrics() gives the flat gate inputs."""
 
-    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
-
-    target: str = Field(description="Target label.")
-    engine: str = Field(description="Served model name and base URL of the engine.")
-    engine_fingerprint: str | None = Field(None, description="The engine's system_fingerprint.")
-    control: str = Field(description="What the control is: reference device, target dtype.")
     text_file: str = Field(description="Evaluation text used.")
     text_tokens: int = Field(0, description="Tokens of the evaluation text.")
     max_model_len: int = Field(description="Context of the engine (windows are 1 shorter).")
@@ -177,7 +170,7 @@ def run(config: Config, inputs: StageInputs) -> Result:
     laps = Laps()
     lap = laps.lap
 
-    target, reference = inputs.target, inputs.reference
+    target = inputs.target
     if inputs.endpoint is None or target.engine is None:
         raise ConfigError("api_alignment needs an engine target and its endpoint",
                           field="target.engine", fix="run it on a target of kind: engine "
@@ -192,7 +185,7 @@ def run(config: Config, inputs: StageInputs) -> Result:
         mml, seq_len = _served_lengths(config, engine, target, source, notes)
         text_path = resolve_text_file(config.text_file, source)
         tokenizer = load_tokenizer(source, inputs.trust_remote_code)
-        ref, ctl = _load_sides(source, inputs)
+        ref, ctl = load_sides(source, inputs)
         lap("load")
         ids = tokenize(tokenizer, read_text(text_path), getattr(ref.model.config, "vocab_size",
                                                                  None))
@@ -216,10 +209,7 @@ def run(config: Config, inputs: StageInputs) -> Result:
     problems = ([f"the cpu/float32 reference produced {measures.reference_nonfinite} non-finite "
                  "log-probabilities"] if measures.reference_nonfinite else [])
     return Result(
-        target=target.label, engine=f"{inputs.endpoint.served_name} at "
-        f"{inputs.endpoint.base_url}", engine_fingerprint=engine.fingerprint,
-        control=f"{reference.device}/{target.dtype}, transformers, no plugins",
-        text_file=str(text_path), text_tokens=len(ids), max_model_len=mml, seq_len=seq_len,
+        **EngineVsControl.sides(inputs, engine.fingerprint), text_file=str(text_path), text_tokens=len(ids), max_model_len=mml, seq_len=seq_len,
         prefix_token=prefix, context_tokens=wins[0].score_from, windows=len(wins), top_k=k,
         generation=gen_rows, moe=moe,
         nonfinite=nonfinite + sum(r.nonfinite for r in gen_rows), notes=notes,
@@ -241,23 +231,6 @@ def _served_lengths(config: Config, engine: Engine, target, source: str,
     if config.seq_len and config.seq_len > seq_len:
         notes.append(f"seq_len {config.seq_len} lowered to {seq_len} (max_model_len - 1)")
     return mml, seq_len
-
-
-def _load_sides(source: str, inputs: StageInputs) -> tuple[Side, Side]:
-    """(reference, control) in process; the control is the reference itself at its dtype."""
-    target, reference = inputs.target, inputs.reference
-    progress.update("models", 0, 2, detail="loading the reference")
-    ref = Side("reference", load_pretrained(source, device=reference.device,
-                                            dtype=reference.dtype,
-                                            trust_remote_code=inputs.trust_remote_code),
-               reference.device)
-    progress.update("models", 1, 2, detail="reference loaded")
-    ctl = ref if target.dtype == reference.dtype else Side(
-        "control", load_pretrained(source, device=reference.device, dtype=target.dtype,
-                                   trust_remote_code=inputs.trust_remote_code),
-        reference.device)
-    progress.update("models", 2, 2, detail="control loaded")
-    return ref, ctl
 
 
 def _measure_windows(config: Config, wins, engine: Engine, ref: Side, ctl: Side,

@@ -13,6 +13,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from day0.errors import ConfigError
+from day0.torchkit.evaltext import chat_ids
 
 SMOKE_DATA = Path(__file__).parent / "data"
 TEXTS_FILE = SMOKE_DATA / "tokenizer_texts.jsonl"
@@ -143,15 +144,6 @@ def special_texts(tokenizer) -> list[tuple[str, str]]:
         cases.append(("special:all", "".join(tokens)))
         cases.append(("special:in-text", " ".join(f"before {t} after" for t in tokens)))
     return cases
-
-
-def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
-    """The checkpoint's prompt ids of messages (generation prompt added), as a plain list."""
-    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                        return_dict=False)
-    if isinstance(out, Mapping):  # a transformers version that returns the encoding anyway
-        out = out["input_ids"]
-    return [int(i) for i in out]
 
 
 # -- engine answers ------------------------------------------------------------------------

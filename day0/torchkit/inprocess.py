@@ -64,4 +64,36 @@ class Side:
         return steps
 
 
-__all__ = ["Side"]
+def load_sides(source: str, inputs) -> tuple[Side, Side]:
+    """(reference, control) in process for a stage's inputs (day0.execution.contract
+    StageInputs); the control is the reference itself when the target's dtype is the
+    reference's."""
+    from day0.checkpoint.modeling import load_pretrained
+    from day0.execution import progress
+
+    target, reference = inputs.target, inputs.reference
+    progress.update("models", 0, 2, detail="loading the reference")
+    ref = Side("reference", load_pretrained(source, device=reference.device,
+                                            dtype=reference.dtype,
+                                            trust_remote_code=inputs.trust_remote_code),
+               reference.device)
+    progress.update("models", 1, 2, detail="reference loaded")
+    ctl = ref if target.dtype == reference.dtype else Side(
+        "control", load_pretrained(source, device=reference.device, dtype=target.dtype,
+                                   trust_remote_code=inputs.trust_remote_code),
+        reference.device)
+    progress.update("models", 2, 2, detail="control loaded")
+    return ref, ctl
+
+
+def token_logprobs(side: Side, ids: list[int], chunk: int = 1024) -> list[float]:
+    """Teacher-forced: the side's logprob of ids[i] given ids[:i], for i = 1..len(ids) - 1."""
+    out: list[float] = []
+    for start, logits in side.logits(ids, chunk):
+        logp = torch.log_softmax(logits.double(), dim=-1)
+        rows = range(start, start + logp.shape[0])
+        out += [float(logp[r - start, ids[r + 1]]) for r in rows if r + 1 < len(ids)]
+    return out
+
+
+__all__ = ["Side", "load_sides", "token_logprobs"]
