@@ -196,7 +196,7 @@ def _checked(option: Option, value):
         if not Path(value).is_file():
             raise ConfigError(f"no such file: {value}", field=option.flag,
                               fix=f"check the {option.flag} path")
-        return str(Path(value).resolve())
+        value = str(Path(value).resolve())
     if option.check is not None:
         try:
             option.check(value)

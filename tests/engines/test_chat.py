@@ -76,3 +76,27 @@ def test_the_report_shows_each_conversation_and_no_finding(correct):
     assert "## Chat" in text and "| mine |" in text and "near-tie bound 0.5" in text
     assert findings(evidence) == []
     assert len(tables(evidence)["day0-chat-conversations"][1]) == 9
+
+
+def test_a_tool_call_conversation_is_answered_where_the_template_renders_tools(tmp_path):
+    """A copy of the fixture whose chat template renders tools and tool calls, served and read
+    alike: the engine renders the bundled tool-call conversation (tools, an assistant tool call
+    with JSON-string arguments, the tool's answer) to the checkpoint's ids and answers it."""
+    from day0.engines.process import launched
+    from day0.stages.chat.core import Config, run
+    from tests.engines.faults import copy_fixture
+    from tests.stages.chat.test_core import TOOLS_TEMPLATE
+
+    copy = copy_fixture(tmp_path / "tools")
+    config = json.loads((copy / "tokenizer_config.json").read_text())
+    (copy / "tokenizer_config.json").write_text(json.dumps({**config,
+                                                            "chat_template": TOOLS_TEMPLATE}))
+    target = engine_target()
+    with launched(target.engine, copy, "bfloat16", name="tools") as engine:
+        result = run(Config(), StageInputs(source=str(copy), target=target,
+                                           endpoint=engine.endpoint))
+    rows = {r.id: r for r in result.conversations}
+    assert result.notes == [] and "tool-call" in rows
+    tool = rows["tool-call"]
+    assert tool.prompt_matches and tool.path_agrees and tool.close, tool
+    assert failing(result.metrics()) == {}

@@ -31,8 +31,17 @@ analysis; reads no other stage's result.
 
 from __future__ import annotations
 
+from day0.errors import ConfigError
 from day0.execution.contract import Option, Stage, import_core
-from day0.stages.chat import report
+from day0.stages.chat import conversations, report
+
+
+def _readable_conversations(path: str) -> None:
+    """A bad file is refused when the option is read (exit 2), not once an engine runs."""
+    try:
+        conversations.load(path)
+    except ConfigError as exc:
+        raise ValueError(exc.args[0]) from None
 
 
 class Chat(Stage):
@@ -42,7 +51,7 @@ class Chat(Stage):
     options = (Option("chat_conversations", "conversations_file",
                       "JSONL of your own conversations, answered after the bundled ones "
                       '(one per line: {"id", "messages", "tools"?})', kind="file",
-                      metavar="FILE"),)
+                      metavar="FILE", check=_readable_conversations),)
 
     def core(self):
         return import_core(__name__)  # torch and transformers: only when it runs

@@ -64,6 +64,30 @@ def load(path: str | Path) -> list[Conversation]:
     return out
 
 
+def template_messages(messages: list[dict]) -> list[dict]:
+    """The messages as a checkpoint's chat template takes them: the OpenAI API carries a tool
+    call's arguments as a JSON string, templates read a mapping (vLLM converts them likewise
+    before it renders)."""
+    out = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if isinstance(calls, list):
+            message = {**message, "tool_calls": [_parsed_arguments(c) for c in calls]}
+        out.append(message)
+    return out
+
+
+def _parsed_arguments(call):
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+        return call
+    try:
+        arguments = json.loads(function["arguments"])
+    except ValueError:
+        return call
+    return {**call, "function": {**function, "arguments": arguments}}
+
+
 def conversations(bundled: bool, extra: str | None) -> list[Conversation]:
     """The bundled set (unless turned off), then the user's file's; ids stay unique."""
     rows = (load(BUNDLED) if bundled else []) + (load(extra) if extra else [])
@@ -77,4 +101,4 @@ def conversations(bundled: bool, extra: str | None) -> list[Conversation]:
     return rows
 
 
-__all__ = ["Conversation", "load", "conversations", "BUNDLED"]
+__all__ = ["Conversation", "load", "conversations", "template_messages", "BUNDLED"]

@@ -14,7 +14,7 @@ from day0.engines.process import max_model_len
 from day0.errors import ConfigError
 from day0.execution import progress
 from day0.execution.contract import Laps, StageInputs
-from day0.stages.chat.conversations import Conversation, conversations
+from day0.stages.chat.conversations import Conversation, conversations, template_messages
 from day0.stages.chat.result import Config, ConversationRow, Result, Top
 from day0.store.sources import local_checkpoint
 from day0.torchkit.evaltext import chat_ids, load_tokenizer
@@ -124,7 +124,8 @@ def _renderable(tokenizer, chosen: list[Conversation], room: int,
             notes.append(f"'{conversation.id}' left out: the chat template renders no tools")
             continue
         try:
-            ids = chat_ids(tokenizer, conversation.messages, conversation.tools)
+            ids = chat_ids(tokenizer, template_messages(conversation.messages),
+                           conversation.tools)
         except Exception as exc:  # jinja's own errors, a template's raise_exception()
             notes.append(f"'{conversation.id}' left out: the chat template refuses it "
                          f"({type(exc).__name__}: {str(exc)[:120]})")

@@ -52,3 +52,23 @@ def test_a_bundled_id_in_your_file_is_refused(tmp_path):
         conversations(True, str(mine))
     with pytest.raises(ConfigError, match="no conversation"):
         conversations(False, None)
+
+
+def test_a_bad_file_given_to_validate_is_exit_2_before_anything_starts(tmp_path):
+    """`--chat-conversations` is read when the options are: one line naming the file and its bad
+    lines, exit 2, no engine launched and no server started (well under a second of work)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import MODELS
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "x", "messages": []}\n{not json\n')
+    proc = subprocess.run([sys.executable, "-m", "day0.cli", "validate", str(MODELS / "tiny-llama"),
+                           "--target", "vllm-cpu-bf16", "--stages", "chat",
+                           "--chat-conversations", str(bad)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    message = proc.stderr.strip()
+    assert len(message.splitlines()) == 1 and message.startswith("day0: error:")
+    assert str(bad) in message and "line 1: messages" in message and "line 2: not JSON" in message
