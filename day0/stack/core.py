@@ -32,6 +32,7 @@ later ``up``; only their names and the file's path are ever printed.
 from __future__ import annotations
 
 import datetime as dt
+import http.client
 import json
 import os
 import secrets as _secrets
@@ -285,7 +286,10 @@ def _get(url: str, headers: dict | None = None, timeout: float = 2.0,
             return resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         return exc.code, b""
-    except (OSError, ValueError):
+    # a reply that is not HTTP is nothing answering either: polling a port in the ephemeral range
+    # before its server listens can connect the socket to itself (TCP simultaneous open), and
+    # reading back the request line raises BadStatusLine (seen: `day0 server start`, exit 4)
+    except (OSError, ValueError, http.client.HTTPException):
         return 0, b""
 
 
