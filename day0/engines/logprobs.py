@@ -67,9 +67,6 @@ class EngineVsControl(StageResult):
                     control=f"{inputs.reference.device}/{inputs.target.dtype}, transformers, "
                     "no plugins")
 
-def _finite(value) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)
-
 
 class Engine:
     """One served model behind the completions API; every request names it."""
@@ -146,18 +143,13 @@ class Engine:
         if not isinstance(logprobs, dict) or not isinstance(logprobs.get("content"), list):
             raise EngineProtocolError("/v1/chat/completions: no logprobs.content (does the "
                                       "engine support logprobs with top_logprobs?)")
-        steps, nonfinite = [], 0
-        for item in logprobs["content"]:
-            top = {_token(t["token"]): float(t["logprob"]) for t in item.get("top_logprobs") or []}
-            nonfinite += sum(not math.isfinite(v) for v in top.values())
-            steps.append((_token(item["token"]), top))
+        steps, nonfinite = _chat_steps(logprobs["content"])
         ids = choice.get("token_ids")
         if ids is not None and [t for t, _ in steps] != list(ids):
             raise EngineProtocolError("/v1/chat/completions: logprobs tokens differ from "
                                       "token_ids")
         prompt = answer.get("prompt_token_ids") or choice.get("prompt_token_ids")
         return (list(prompt) if prompt is not None else None), Generation(steps, nonfinite)
-
 
     def greedy(self, prompts: list[list[int]], new_tokens: int, k: int) -> list[Generation]:
         """Greedy continuations (temperature 0) of each prompt, exactly new_tokens each: EOS
@@ -226,6 +218,21 @@ def _prompt_logprobs(choice: dict, ids: list[int], k: int) -> WindowLogprobs:
     return out
 
 
+def _chat_steps(content: list) -> tuple[list[Step], int]:
+    """(token, top-k) per answer token of a chat answer's logprobs.content, and how many of the
+    returned logprobs are not finite; a malformed item is the engine's protocol error."""
+    steps, nonfinite = [], 0
+    for at, item in enumerate(content):
+        try:
+            top = {_token(t["token"]): float(t["logprob"]) for t in item.get("top_logprobs") or []}
+            steps.append((_token(item["token"]), top))
+        except (TypeError, ValueError, KeyError, AttributeError):
+            raise EngineProtocolError(f"/v1/chat/completions: logprobs.content[{at}] is not "
+                                      f"{{token, logprob, top_logprobs}}: {str(item)[:120]}") from None
+        nonfinite += sum(not math.isfinite(v) for v in top.values())
+    return steps, nonfinite
+
+
 def _only_choice(answer: dict, path: str = "/v1/completions") -> dict:
     choices = answer.get("choices")
     if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
@@ -252,10 +259,14 @@ def _generation(choice: dict, index: int) -> Generation:
     if len(tops) != len(ids):
         raise EngineProtocolError(f"choice {index}: {len(ids)} tokens but {len(tops)} top_logprobs")
     steps, nonfinite = [], 0
-    for token, top in zip(ids, tops):
-        parsed = {_token(key): float(value) for key, value in (top or {}).items()}
+    for at, (token, top) in enumerate(zip(ids, tops)):
+        try:
+            parsed = {_token(key): float(value) for key, value in (top or {}).items()}
+            steps.append((int(token), parsed))
+        except (TypeError, ValueError, AttributeError):
+            raise EngineProtocolError(f"choice {index}: step {at}: token {str(token)[:40]} or "
+                                      f"top_logprobs {str(top)[:100]} malformed") from None
         nonfinite += sum(not math.isfinite(v) for v in parsed.values())
-        steps.append((int(token), parsed))
     return Generation(steps, nonfinite)
 
 

@@ -179,6 +179,39 @@ def test_an_engine_that_changes_the_prompt_or_drops_logprobs_is_caught():
         _engine(lambda request: _answer(None, [1, 7])).window([1, 7], 2)
 
 
+def _chat_answer(content, **choice):
+    body = {"choices": [{"logprobs": {"content": content}, **choice}]}
+    return lambda request: httpx.Response(200, content=json.dumps(body).encode(),
+                                          headers={"content-type": "application/json"})
+
+
+def test_a_malformed_chat_answer_is_the_engines_protocol_error():
+    good = [{"token": "token_id:5", "logprob": -0.1,
+             "top_logprobs": [{"token": "token_id:5", "logprob": -0.1},
+                              {"token": "token_id:6", "logprob": float("-inf")}]}]
+    prompt, answer = _engine(_chat_answer(good, token_ids=[5])).chat_greedy([], None, 1, 2)
+    assert prompt is None and answer.steps == [(5, {5: -0.1, 6: float("-inf")})]
+    assert answer.nonfinite == 1
+    for content in ([{"logprob": -0.1}], [{"token": "token_id:5", "top_logprobs": [{}]}],
+                    ["token_id:5"], [{"token": "token_id:5", "logprob": -0.1,
+                                      "top_logprobs": [{"token": "token_id:5", "logprob": "x"}]}]):
+        with pytest.raises(EngineProtocolError, match=r"logprobs.content\[0\]"):
+            _engine(_chat_answer(content)).chat_greedy([], None, 1, 2)
+    with pytest.raises(EngineProtocolError, match="differ from token_ids"):
+        _engine(_chat_answer(good, token_ids=[6])).chat_greedy([], None, 1, 2)
+
+
+def test_a_malformed_completion_is_the_engines_protocol_error():
+    def answer(body):
+        return lambda request: httpx.Response(200, json=body)
+
+    with pytest.raises(EngineProtocolError, match="no 'choices'"):
+        _engine(answer({"error": "overloaded"})).greedy([[1, 2]], 1, 2)
+    bad_top = {"choices": [{"token_ids": [5], "logprobs": {"top_logprobs": [["token_id:5"]]}}]}
+    with pytest.raises(EngineProtocolError, match="step 0"):
+        _engine(answer(bad_top)).greedy([[1, 2]], 1, 2)
+
+
 def test_top_k_is_lowered_to_what_the_engine_allows():
     def handler(request):
         k = json.loads(request.content)["prompt_logprobs"]

@@ -56,10 +56,9 @@ def run(config: Config, inputs: StageInputs) -> Result:
         "prefill_error": ([], [], []), "decode_error": ([], [], [])}
     nonfinite = 0
     try:
-        k = config.top_k
-        if rendered:
-            k, capped = engine.cap_top_k(config.top_k, rendered[0][1])
-            notes += [capped] if capped else []
+        # _renderable raises when no conversation fits, so there is a first prompt to probe
+        k, capped = engine.cap_top_k(config.top_k, rendered[0][1])
+        notes += [capped] if capped else []
         for index, (conversation, ids) in enumerate(rendered):
             row, found, bad = _answer(config, index, conversation, ids, engine, ref, ctl,
                                       tokenizer, k)
