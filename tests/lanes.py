@@ -14,8 +14,10 @@ CPU-bound rest runs in this one.
 What may run in the waiting lane, and what must not:
 - every module with a Docker test is here (they count containers by label: the two sessions never
   both start containers), no module of the vLLM engine package is (engine tests scan /proc for any
-  vLLM process), and no test marked timing is: those wait, in the other session, until this lane
-  has ended (tests/setup_gate.py) and the CPUs are quiet;
+  vLLM process; they run in the other session, beside this lane), and no test marked timing is:
+  those wait, in the other session, until this lane has ended (tests/setup_gate.py) and the CPUs
+  are quiet;
+- a few CPU-bound modules are here too (listed last), to even out the two sessions' lengths;
 - a module is kept whole (its module fixtures are set up once).
 
 While the lane runs, this session's torch work uses one OpenMP thread too (OMP_NUM_THREADS=1 for
@@ -49,6 +51,11 @@ WAITING = (
     "tests/execution/test_progress_stage.py",  # a silent stage's heartbeat (0.15)
     "tests/test_compose.py",                  # docker compose up, restart (0.50)
     "tests/test_workpools.py",                # a Docker worker's containers (0.73)
+    # CPU-bound, here so that both sessions end together: the other session runs the engine
+    # tests after its own (measured on 2 cores: this lane 1,497 s, the other's tests before
+    # the engines 1,423 s and the engine tests 771 s more)
+    "tests/test_flow.py",                     # whole validations on real Prefect (154 s)
+    "tests/stages/evaluation/test_budget_fit.py",  # three evaluations under limits (169 s)
 )
 MARKER = "waits"
 NEVER = ("engine", "timing")  # see the docstring
@@ -97,7 +104,7 @@ def use_every_core_once_the_lane_ended(item) -> None:
     """Called before each test (tests/setup_gate.py): once the lane has ended, this session's
     children, stage hosts (keyed by their OpenMP settings: a new one starts) and torch get every
     core again, at the first test of a module (a module's fixtures and tests compare numbers
-    computed alike; engine tests, which share engines across modules, wait for the lane)."""
+    computed alike; the engine a package keeps serves with the thread vLLM binds itself)."""
     module, _shared["module"] = _shared.get("module"), item.module.__name__
     if "before" not in _shared or module == item.module.__name__ or _lane_running():
         return

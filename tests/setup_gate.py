@@ -1,10 +1,12 @@
 """`make test` builds the Docker images, the engine venv and Chromium while the tests that need
 none of them run: this plugin (loaded by tests/conftest.py) puts the modules holding a test
-marked docker, engine or browser after every other module, and holds each such test until the
-set-up has finished. Nothing is skipped: a failed set-up fails those tests with its log. Tests
-marked timing (they judge wall-clock figures) wait too, so no build runs beside them, and then
-wait until the CPUs are quiet (tests/quiet.py), after the waiting lane (tests/lanes.py) has ended;
-engine tests start after the lane too.
+marked docker, engine or browser after every other module (a module with a test marked timing
+after those), and holds each such test until the set-up has finished. Nothing is skipped: a
+failed set-up fails those tests with its log. Tests marked timing (they judge wall-clock figures)
+wait too, so no build runs beside them, and then wait until the CPUs are quiet (tests/quiet.py),
+after the waiting lane (tests/lanes.py) has ended. Engine tests run beside the lane: they judge
+what the engine answers, not how fast, and vLLM for CPU binds its own thread (measured: waiting
+for the lane left the machine a quarter idle for the length of the engine tests).
 
 The Makefile names the set-up's status file in DAY0_SETUP_STATUS (its exit code, written when it
 ends) and its log in DAY0_SETUP_LOG, and the waiting lane's in DAY0_LANE_STATUS; without them (a
@@ -24,9 +26,7 @@ from tests.lanes import use_every_core_once_the_lane_ended, written_status
 from tests.quiet import wait_until_quiet
 
 NEEDS_SETUP = ("docker", "engine", "browser", "timing")
-# judged on wall-clock figures, or compared with each other across modules through an engine
-# kept for the package: never beside the lane, never across the switch to every core
-AFTER_THE_LANE = ("timing", "engine")
+AFTER_THE_LANE = ("timing",)  # judged on wall-clock figures: never beside the lane
 WAIT_S = float(os.environ.get("DAY0_SETUP_WAIT_S", "2700"))  # the slowest set-up, on a cold CI
 
 
@@ -35,11 +35,18 @@ def needs_setup(item) -> bool:
 
 
 def order(items: list) -> list:
-    """Modules with a test that needs the set-up go last, each kept whole and in its order
-    (a split module would set its module fixtures up twice)."""
+    """Modules with a test that needs the set-up go last, those with a timing test after them
+    (they wait for the lane to end), each kept whole and in its order (a split module would set
+    its module fixtures up twice)."""
     late = {item.module.__name__ for item in items if needs_setup(item)}
-    return ([i for i in items if i.module.__name__ not in late]
-            + [i for i in items if i.module.__name__ in late])
+    last = {item.module.__name__ for item in items
+            if any(item.get_closest_marker(name) for name in AFTER_THE_LANE)}
+
+    def rank(item) -> int:
+        name = item.module.__name__
+        return 2 if name in last else 1 if name in late else 0
+
+    return sorted(items, key=rank)  # stable: the order within each rank is kept
 
 
 @pytest.hookimpl(trylast=True)  # after the packages' own hooks have added their markers
