@@ -133,6 +133,9 @@ def conclude(gate_file: GatesFile, target: Target, outcomes: dict[str, StageOutc
     # why a stage's metrics are missing; a report shows "not evaluated (stage X: why)" once
     missing = {name: f"failed: {error}" for name, error in failed.items()}
     missing.update(skipped)
+    for name, outcome in outcomes.items():
+        if outcome.ok:  # it ran: a gate on a metric it did not report is that gate's finding
+            missing.setdefault(name, "ran without reporting this metric")
     for name in stages.names():
         missing.setdefault(name, "not run: not selected for this validation")
     unselected = [name for name in stages.names() if planned and name not in planned]

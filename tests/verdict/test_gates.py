@@ -186,3 +186,19 @@ def test_a_partial_run_is_judged_on_what_ran():
     assert results.verdict == "ERROR"
     assert all(not r.passed and r.not_evaluated for r in results.gate_results
                if r.metric.startswith("alignment.") and r.applicable)
+
+
+def test_a_stage_that_ran_without_a_gated_metric_fails_that_gate_saying_so():
+    """The stage finished but did not report the metric a gate reads: that gate fails with
+    'ran without reporting this metric', never 'not selected' (pipeline.conclude)."""
+    from day0.execution.stage import StageOutcome
+    from day0.execution.targets import resolve_target
+    from day0.verdict import pipeline
+
+    gates = load_gates()
+    outcomes = {"evaluation": StageOutcome(stage="evaluation", ok=True,
+                                           metrics={"evaluation.all.acc": 0.5})}
+    results = pipeline.conclude(gates, resolve_target("cpu-bf16"), outcomes, {}, {}).gate_results
+    code = next(r for r in results if r.id == "eval-code")
+    assert not code.passed and code.not_evaluated
+    assert "evaluation: ran without reporting this metric" in code.reason, code.reason
