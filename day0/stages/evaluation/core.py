@@ -72,6 +72,10 @@ def run(config: Config, inputs: StageInputs) -> Result:
     task_rows, items, categories, paired = _pair_sides(run_tasks, ref_records, tgt_records,
                                                        config.flipped_listed)
     lap("pairing")
+    chosen = {t.category for t in run_tasks}
+    inapplicable = {f"evaluation.{c}": f"no task of category '{c}' in this run's "
+                    f"evaluation.tasks ({', '.join(config.tasks)})"
+                    for c in sorted(tasking.known_categories() - chosen)}
     return Result(
         target=target.label, reference=reference.label,
         target_model="local-completions" if target.kind == "engine" else "day0",
@@ -86,7 +90,7 @@ def run(config: Config, inputs: StageInputs) -> Result:
         categories=categories, paired_items=paired, items=items,
         nonfinite=sum(t.get("nonfinite", 0) for rec in tgt_records.values()
                       for t in rec["items"]),
-        notes=notes, timings=laps.timings)
+        inapplicable=inapplicable, notes=notes, timings=laps.timings)
 
 
 def _context_lengths(config: Config, target, source: str, notes: list[str]) -> tuple[int, int]:

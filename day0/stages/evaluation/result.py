@@ -24,7 +24,7 @@ class TaskRow(Row):
 
     task: str = Field(description="lm-eval task name.")
     category: str = Field(description="Category its gates read (evaluation.<category>.*).")
-    origin: str = Field(description="bundled, business, include_path or lm-eval.")
+    origin: str = Field(description="bundled, standard, business, include_path or lm-eval.")
     output_type: str = Field(description="lm-eval output type.")
     items: int = Field(description="Items evaluated on both sides.")
     version: float | str | None = Field(None, description="The task's version (lm-eval).")
@@ -79,6 +79,9 @@ class Result(StageResult):
         "task -> per item: ids, gold, and each side's correctness, prediction and gold "
         "log-probability (kept as evaluation/<task>.jsonl next to report.json)."))
     nonfinite: int = Field(0, description="NaN/inf choice log-probabilities of the target.")
+    inapplicable: dict[str, str] = Field(default_factory=dict, description=(
+        "Metric prefix -> why its gates do not apply: a capability category with no task in "
+        "this run's evaluation.tasks (its gates have nothing to judge)."))
     notes: list[str] = Field(default_factory=list, description="What limited the evaluation.")
     timings: dict[str, float] = Field(default_factory=dict, description="Seconds per part.")
 

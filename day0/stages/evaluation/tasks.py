@@ -1,6 +1,7 @@
 """Which lm-eval tasks run and where their files are: day0's bundled tasks (YAML + JSONL in
-day0/stages/evaluation/data/tasks; the long-context one built for the model's context), a business
-set, a user's include_path, lm-eval's own registry. Everything is written into one run folder
+day0/stages/evaluation/data/tasks; the long-context one built for the model's context), standard
+tasks on fetched real data (benchmarks.py), a business set, a user's include_path, lm-eval's own
+registry. Everything is written into one run folder
 that lm-eval's TaskManager reads (include_path), with absolute data paths."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from day0.errors import ConfigError
-from day0.stages.evaluation import business
+from day0.stages.evaluation import benchmarks, business
 from day0.stages.evaluation.config import BUNDLED, Config
 
 TASKS_DIR = Path(__file__).parent / "data" / "tasks"
@@ -27,13 +28,26 @@ class Task:
 
     name: str
     category: str
-    origin: str  # bundled | business | include_path | lm-eval
+    origin: str  # bundled | standard | business | include_path | lm-eval
     digest: str
     items: int | None  # known before the run (None: lm-eval registry tasks)
 
 
 def category_of(name: str) -> str:
-    return name.removeprefix("day0_")
+    standard = benchmarks.standard_tasks().get(name)
+    return standard.category if standard and standard.category else name.removeprefix("day0_")
+
+
+def known_categories() -> set[str]:
+    """The categories day0's own tasks are gated under (bundled, standard, business)."""
+    names = [*BUNDLED, *benchmarks.standard_tasks()]
+    return {category_of(n) for n in names} | {"business"}
+
+
+def _standard_rows(name: str) -> int:
+    """Items of a standard task's evaluated split (test, else validation), as fetched."""
+    files = benchmarks.standard_tasks()[name].files
+    return (files.get("test.jsonl") or files["validation.jsonl"]).rows
 
 
 def _digest(*parts: bytes) -> str:
@@ -64,6 +78,8 @@ def planned(config: Config) -> dict[str, int | None]:
             add(category_of(name), config.long_context_items)
         elif name in BUNDLED:
             add(category_of(name), _lines(TASKS_DIR / f"{name}.jsonl"))
+        elif name in benchmarks.standard_tasks():
+            add(category_of(name), _standard_rows(name))
         else:
             add(category_of(name), None)
     if config.business_file:
@@ -99,6 +115,14 @@ def prepare(config: Config, folder: Path, *, tokenizer, long_context_tokens: int
             tasks.append(Task(name, category_of(name), "bundled",
                               _digest(text.replace(str(folder), "").encode(), data.read_bytes()),
                               _lines(data)))
+        elif name in benchmarks.standard_tasks():
+            data_dir = Path(config.benchmarks_dir or benchmarks.default_dir()).expanduser()
+            text = benchmarks.task_yaml(name, data_dir)
+            (folder / f"{name}.yaml").write_text(text)
+            data = sorted((data_dir / name).glob("*.jsonl"))
+            tasks.append(Task(name, category_of(name), "standard", _digest(
+                name.encode(), lm_eval_version.encode(),
+                *(f.name.encode() + f.read_bytes() for f in data)), _standard_rows(name)))
         elif config.include_path and _declared_in(name, Path(config.include_path)):
             files = sorted(Path(config.include_path).rglob("*"))
             tasks.append(Task(name, name, "include_path", _digest(
