@@ -15,6 +15,7 @@ import os
 import shutil
 import tempfile
 import zipfile
+from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
@@ -65,6 +66,7 @@ class Spec(Strict):
     benchmarks: dict[str, Benchmark]
 
 
+@lru_cache(maxsize=1)  # shipped data, read once per process (every task name asks)
 def spec() -> Spec:
     return Spec.model_validate(yaml.safe_load(SPEC_FILE.read_text()))
 
@@ -142,15 +144,17 @@ def _build(name: str, bench: Benchmark, wheel: Path, out: Path) -> None:
                                         f"{check.member} differs from {check.equals}")
 
 
-def _intact(out: Path, wheel: Wheel) -> bool:
+def _intact(out: Path, wheel: Wheel) -> dict[str, str] | None:
+    """The folder's files and their sha256 when it is complete and unchanged, else None."""
     try:
         marker = json.loads((out / MARKER).read_text())
     except (OSError, ValueError):
-        return False
+        return None
     files = marker.get("files") or {}
-    return (marker.get("recipe") == RECIPE and marker.get("wheel_sha256") == wheel.sha256
-            and bool(files) and {p.name for p in out.iterdir()} - {MARKER} == set(files)
-            and all(wheels.sha256(out / f) == digest for f, digest in files.items()))
+    whole = (marker.get("recipe") == RECIPE and marker.get("wheel_sha256") == wheel.sha256
+             and bool(files) and {p.name for p in out.iterdir()} - {MARKER} == set(files)
+             and all(wheels.sha256(out / f) == digest for f, digest in files.items()))
+    return files if whole else None
 
 
 def fetch(name: str, root: Path | None = None) -> Path:
@@ -163,7 +167,7 @@ def fetch(name: str, root: Path | None = None) -> Path:
     wheel_spec = full.wheels[bench.wheel]
     root = Path(root) if root else default_dir()
     out = root / name
-    if _intact(out, wheel_spec):
+    if _intact(out, wheel_spec) is not None:
         return out
     wheel = wheels.fetch(bench.wheel, wheel_spec.version, wheel_spec.file, wheel_spec.sha256,
                          root / "wheels")
@@ -188,16 +192,25 @@ def fetch(name: str, root: Path | None = None) -> Path:
 
 # --------------------------------------------------------------------------- standard tasks
 
+def fetched(name: str, data_dir: Path) -> dict[str, str]:
+    """A standard task's fetched files and their sha256 (checked); a config error naming the
+    fetch command when they are missing or damaged."""
+    folder = Path(data_dir) / name
+    files = _intact(folder, spec().wheels[standard_tasks()[name].wheel])
+    if files is None:
+        raise ConfigError(f"the data of the standard task {name} is not fetched (looked in "
+                          f"{folder})", field="evaluation.tasks", fix="run `.venv/bin/python "
+                          f"scripts/fetch_benchmarks.py {name}` (or set evaluation.benchmarks_dir)")
+    return files
+
+
 def task_yaml(name: str, data_dir: Path) -> str:
-    """lm-eval's own task config for name, with its data from the fetched files."""
+    """lm-eval's own task config for name, with its data from the fetched files (fetched()
+    checks them)."""
     import lm_eval
 
     bench = standard_tasks()[name]
     folder = Path(data_dir) / name
-    if not _intact(folder, spec().wheels[bench.wheel]):
-        raise ConfigError(f"the data of the standard task {name} is not fetched (looked in "
-                          f"{folder})", field="evaluation.tasks", fix="run `.venv/bin/python "
-                          f"scripts/fetch_benchmarks.py {name}` (or set evaluation.benchmarks_dir)")
     config = {
         "include": str(Path(lm_eval.__file__).parent / "tasks" / bench.lm_eval),
         "task": name, "dataset_path": "json", "dataset_name": None,

@@ -117,12 +117,12 @@ def prepare(config: Config, folder: Path, *, tokenizer, long_context_tokens: int
                               _lines(data)))
         elif name in benchmarks.standard_tasks():
             data_dir = Path(config.benchmarks_dir or benchmarks.default_dir()).expanduser()
-            text = benchmarks.task_yaml(name, data_dir)
-            (folder / f"{name}.yaml").write_text(text)
-            data = sorted((data_dir / name).glob("*.jsonl"))
+            files = benchmarks.fetched(name, data_dir)  # checked against their sha256
+            (folder / f"{name}.yaml").write_text(benchmarks.task_yaml(name, data_dir))
             tasks.append(Task(name, category_of(name), "standard", _digest(
                 name.encode(), lm_eval_version.encode(),
-                *(f.name.encode() + f.read_bytes() for f in data)), _standard_rows(name)))
+                *(f"{f}:{digest}".encode() for f, digest in sorted(files.items()))),
+                _standard_rows(name)))
         elif config.include_path and _declared_in(name, Path(config.include_path)):
             files = sorted(Path(config.include_path).rglob("*"))
             tasks.append(Task(name, name, "include_path", _digest(
