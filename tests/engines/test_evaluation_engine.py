@@ -41,10 +41,11 @@ def test_the_engine_passes_every_evaluation_gate_through_local_completions(serve
     assert served.target_model == "local-completions"
     assert served.reference_source == "stored"
     results = evaluate(load_gates(ROOT / "gates.yaml"), served.metrics(), is_moe=False,
-                       paired=served.paired_items)
+                       paired=served.paired_items, inapplicable=served.inapplicable)
     mine = [g for g in results if g.metric.startswith("evaluation.")]
-    assert len(mine) == 8 and all(g.passed for g in mine), \
+    assert len(mine) == 9 and all(g.passed for g in mine), \
         {g.id: g.reason for g in mine if not g.passed}
+    assert [g.id for g in mine if not g.applicable] == ["eval-commonsense"]  # no such task here
     assert served.nonfinite == 0
 
 

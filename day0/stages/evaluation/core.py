@@ -50,6 +50,7 @@ def run(config: Config, inputs: StageInputs) -> Result:
     with tempfile.TemporaryDirectory(prefix="day0-eval-") as tmp:
         run_tasks = tasking.prepare(config, Path(tmp), tokenizer=tokenizer,
                                     long_context_tokens=long_tokens, lm_eval_version=version)
+        _check_generation_fits(run_tasks, max_length)
         external = any(t.origin == "lm-eval" for t in run_tasks)
         include = [tmp] + ([config.include_path] if config.include_path else [])
         manager = TaskManager(include_path=include, include_defaults=external)
@@ -155,6 +156,20 @@ def _pair_sides(run_tasks, ref_records: dict, tgt_records: dict, listed: int) ->
     return task_rows, items, categories, paired
 
 
+def _check_generation_fits(run_tasks, max_length: int) -> None:
+    """A generative standard task's answer must fit the context (lm-eval asserts it midway)."""
+    from day0.stages.evaluation import benchmarks
+
+    for task in run_tasks:
+        tokens = benchmarks.generated_tokens(task.name) if task.origin == "standard" else None
+        if tokens and tokens >= max_length:
+            raise ConfigError(f"task {task.name} generates up to {tokens} tokens, as many as "
+                              f"this model's context of {max_length} or more",
+                              field="evaluation.tasks",
+                              fix=f"drop {task.name} for this model (its answers need a "
+                                  f"context over {tokens} tokens)")
+
+
 def _check_known(names: list[str], manager) -> None:
     known = set(manager.all_tasks)
     for name in names:
@@ -167,11 +182,16 @@ def _check_known(names: list[str], manager) -> None:
 def _evaluate(lm, names: list[str], manager, config: Config) -> dict:
     """sides.evaluate with lm-eval's offline failures said as what to do."""
     try:
-        return sides.side_records(sides.evaluate(lm, names, manager, config))
+        records = sides.side_records(sides.evaluate(lm, names, manager, config))
     except ConnectionError as exc:  # datasets: not in the local cache, and no hub
         raise ConfigError(f"a task's dataset is not available offline ({exc})", field="tasks",
                           fix="pre-populate the datasets cache (docs/evaluation.md) or "
                               "use day0's bundled tasks") from None
+    from day0.stages.evaluation import benchmarks, codeexec
+
+    data_dir = benchmarks.data_dir(config.benchmarks_dir)
+    codeexec.score_records(records, data_dir, config.sandbox_limits, config.sandbox)
+    return records
 
 
 def _target_side(config: Config, inputs: StageInputs, source: str, max_length: int,
@@ -225,7 +245,7 @@ def _pairs(task: str, ref: list[dict], tgt: list[dict]) -> list[tuple[dict, dict
 
 
 def _item_row(r: dict, t: dict) -> dict:
-    side = ("correct", "prediction", "gold_logprob", "choice_logprobs")
+    side = ("correct", "prediction", "gold_logprob", "choice_logprobs", "status")
     return {"doc_id": r["doc_id"], "doc_hash": r.get("doc_hash"), "gold": r.get("target"),
             "metric": r.get("metric"), "prompt": r.get("prompt", ""),
             "reference": {k: r.get(k) for k in side}, "target": {k: t.get(k) for k in side}}

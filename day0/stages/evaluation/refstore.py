@@ -30,7 +30,8 @@ def key(*, weights: str, tasks: list, reference: Target, config: Config, lm_eval
              "long_context": [config.long_context_items, long_context_tokens],
              "max_gen_toks": config.max_gen_toks, "batch_size": config.batch_size,
              "share_context": config.share_context,
-             "share_from": shared_from(config)}
+             "share_from": shared_from(config),
+             "sandbox_limits": config.sandbox_limits.model_dump()}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
 
 

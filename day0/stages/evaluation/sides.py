@@ -86,7 +86,10 @@ def item(sample: dict, output_type: str) -> dict:
     metric = "acc" if "acc" in sample else next(
         (m for m in sample.get("metrics", []) if m in sample), None)
     record = {"doc_id": int(sample["doc_id"]), "doc_hash": sample.get("doc_hash"),
-              "metric": metric, "correct": float(sample[metric]) if metric else None,
+              "metric": metric,
+              # None: lm-eval scored nothing (`bypass`: a code task, scored by codeexec)
+              "correct": float(sample[metric]) if metric and sample[metric] is not None
+              else None,
               "target": str(sample.get("target"))}
     args = sample.get("arguments") or []
     record["prompt"] = str(args[0][0])[-200:] if args and isinstance(args[0], (list, tuple)) \
@@ -118,9 +121,13 @@ def side_records(results: dict) -> dict:
     for task, samples in (results.get("samples") or {}).items():
         cfg = configs.get(task, {})
         output_type = cfg.get("output_type", "")
-        items = sorted((item(s, output_type) for s in samples), key=lambda r: r["doc_id"])
+        # a task with several filters (gsm8k_cot: strict-match, flexible-extract) has a sample
+        # per doc and filter: its first filter (lm-eval's order, the task's primary) is judged
+        first = samples[0].get("filter") if samples else None
+        items = sorted((item(s, output_type) for s in samples if s.get("filter") == first),
+                       key=lambda r: r["doc_id"])
         out[task] = {
-            "items": items, "output_type": output_type,
+            "items": items, "output_type": output_type, "filter": first,
             "version": (results.get("versions") or {}).get(task),
             "n_shot": (results.get("n-shot") or {}).get(task),
             "config_hash": hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str)

@@ -116,7 +116,7 @@ def prepare(config: Config, folder: Path, *, tokenizer, long_context_tokens: int
                               _digest(text.replace(str(folder), "").encode(), data.read_bytes()),
                               _lines(data)))
         elif name in benchmarks.standard_tasks():
-            data_dir = Path(config.benchmarks_dir or benchmarks.default_dir()).expanduser()
+            data_dir = benchmarks.data_dir(config.benchmarks_dir)
             files = benchmarks.fetched(name, data_dir)  # checked against their sha256
             (folder / f"{name}.yaml").write_text(benchmarks.task_yaml(name, data_dir))
             tasks.append(Task(name, category_of(name), "standard", _digest(

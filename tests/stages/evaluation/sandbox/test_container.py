@@ -19,9 +19,10 @@ def left(docker_client) -> list:
     return docker_client.containers.list(all=True, filters={"label": container.LABEL})
 
 
-def test_humaneval_canonical_solutions_pass_and_wrong_ones_fail(docker_client):
+def test_humaneval_and_mbpp_canonical_solutions_pass_and_wrong_ones_fail(docker_client):
     assert container.available(DAY0_IMAGE)
     assert_canonical_passes_and_wrong_fails("docker")
+    assert_canonical_passes_and_wrong_fails("docker", "mbpp", 500)
     assert left(docker_client) == []
 
 

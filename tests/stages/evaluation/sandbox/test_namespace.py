@@ -16,6 +16,10 @@ def test_humaneval_canonical_solutions_pass_and_wrong_ones_fail():
     assert_canonical_passes_and_wrong_fails("process")
 
 
+def test_mbpp_canonical_solutions_pass_and_wrong_ones_fail():
+    assert_canonical_passes_and_wrong_fails("process", "mbpp", 500)
+
+
 def test_a_hostile_program_is_contained(tmp_path, monkeypatch):
     assert_contained("process", tmp_path, monkeypatch)
 
