@@ -27,7 +27,7 @@ from day0.store import identity, wheels
 
 SPEC_FILE = Path(__file__).parent / "data" / "benchmarks.yaml"
 MARKER = "day0-benchmark.json"
-RECIPE = "2"  # bump when a conversion changes: existing folders are then rebuilt
+RECIPE = "3"  # bump when a conversion changes: existing folders are then rebuilt
 
 
 class Strict(BaseModel):
@@ -60,6 +60,9 @@ class Benchmark(Strict):
     lm_eval: str | None = Field(None, description="lm-eval's task YAML under lm_eval/tasks/.")
     category: str | None = Field(None, description="Capability category it is gated under.")
     unset: list[str] = Field(default_factory=list, description="Splits that do not ship.")
+    subjects: list[str] = Field(default_factory=list, description=(
+        "A group of lm-eval tasks, one per subject: `{subject}` in lm_eval and the file names "
+        "stands for each (lm-eval's task is its YAML's file name)."))
     scorer: Literal["lm_eval", "humaneval", "mbpp"] = Field("lm_eval", description=(
         "lm_eval: lm-eval's metrics; humaneval, mbpp: programs run in day0's sandbox."))
     files: dict[str, DataFile] = Field(description="file name -> where it comes from.")
@@ -76,8 +79,26 @@ def spec() -> Spec:
 
 
 def standard_tasks() -> dict[str, Benchmark]:
-    """The benchmarks that are lm-eval tasks, by their lm-eval name."""
+    """The benchmarks that are lm-eval tasks, by their lm-eval name (a group's: mmlu)."""
     return {name: b for name, b in spec().benchmarks.items() if b.lm_eval}
+
+
+def lm_eval_tasks(name: str) -> dict[str, dict[str, str]]:
+    """The lm-eval tasks a standard task runs as (itself, or a group's subject tasks), each
+    with its split -> file."""
+    bench = standard_tasks()[name]
+    if not bench.subjects:
+        return {name: {file.removesuffix(".jsonl"): file for file in bench.files}}
+    stem = Path(bench.lm_eval).stem
+    return {stem.format(subject=subject): {
+        file.removeprefix("{subject}.").removesuffix(".jsonl"): file.format(subject=subject)
+        for file in bench.files} for subject in bench.subjects}
+
+
+def evaluated_split(name: str) -> str:
+    """The split lm-eval scores (test where it ships, else validation)."""
+    files = standard_tasks()[name].files
+    return "test" if any(f.endswith("test.jsonl") for f in files) else "validation"
 
 
 def default_dir() -> Path:
@@ -142,23 +163,32 @@ def _same(a: list[dict], b: list[dict]) -> bool:
     return [key(d) for d in a] == [key(d) for d in b]
 
 
-def _build(name: str, bench: Benchmark, wheel: Path, out: Path) -> None:
+def _build(name: str, bench: Benchmark, wheel: Path, out: Path) -> dict[str, int]:
+    """Write the benchmark's files into out; their row counts."""
+    counts: dict[str, int] = {}
     with zipfile.ZipFile(wheel) as archive:
         built: dict[str, list[dict] | None] = {}
-        for file, data in bench.files.items():
-            raw = archive.read(data.member)
-            if data.convert in ("copy", "gunzip"):
-                (out / file).write_bytes(gzip.decompress(raw) if data.convert == "gunzip" else raw)
-                opener = gzip.open if file.endswith(".gz") else open
-                with opener(out / file, "rt", encoding="utf-8") as handle:
-                    count = sum(1 for line in handle if line.strip())
-                built[file] = None
-            else:
-                rows = _rows(raw, data.convert, data.fields)
-                (out / file).write_bytes(_jsonl(rows))
-                count, built[file] = len(rows), rows
-            if count != data.rows:
-                raise wheels.WheelError(f"{name}/{file}: {count} rows, the official split "
+        for template, data in bench.files.items():
+            total = 0
+            for subject in bench.subjects or [""]:
+                file, member = (template.format(subject=subject),
+                                data.member.format(subject=subject)) if subject else \
+                    (template, data.member)
+                raw = archive.read(member)
+                if data.convert in ("copy", "gunzip"):
+                    (out / file).write_bytes(gzip.decompress(raw) if data.convert == "gunzip"
+                                             else raw)
+                    opener = gzip.open if file.endswith(".gz") else open
+                    with opener(out / file, "rt", encoding="utf-8") as handle:
+                        counts[file] = sum(1 for line in handle if line.strip())
+                    built[file] = None
+                else:
+                    rows = _rows(raw, data.convert, data.fields)
+                    (out / file).write_bytes(_jsonl(rows))
+                    counts[file], built[file] = len(rows), rows
+                total += counts[file]
+            if total != data.rows:
+                raise wheels.WheelError(f"{name}/{template}: {total} rows, the official split "
                                         f"has {data.rows}")
         for file, data in bench.files.items():
             check = data.check_against
@@ -166,10 +196,12 @@ def _build(name: str, bench: Benchmark, wheel: Path, out: Path) -> None:
                                    built[check.equals] or []):
                 raise wheels.WheelError(f"{name}: the {data.convert} conversion of "
                                         f"{check.member} differs from {check.equals}")
+    return counts
 
 
-def _intact(out: Path, wheel: Wheel) -> dict[str, str] | None:
-    """The folder's files and their sha256 when it is complete and unchanged, else None."""
+def _intact(out: Path, wheel: Wheel) -> dict | None:
+    """The folder's marker (files: their sha256, rows: their row counts) when it is complete
+    and unchanged, else None."""
     try:
         marker = json.loads((out / MARKER).read_text())
     except (OSError, ValueError):
@@ -178,7 +210,7 @@ def _intact(out: Path, wheel: Wheel) -> dict[str, str] | None:
     whole = (marker.get("recipe") == RECIPE and marker.get("wheel_sha256") == wheel.sha256
              and bool(files) and {p.name for p in out.iterdir()} - {MARKER} == set(files)
              and all(wheels.sha256(out / f) == digest for f, digest in files.items()))
-    return files if whole else None
+    return marker if whole else None
 
 
 def fetch(name: str, root: Path | None = None) -> Path:
@@ -199,12 +231,12 @@ def fetch(name: str, root: Path | None = None) -> Path:
     with tempfile.TemporaryDirectory(dir=root, prefix=f".{name}.partial-") as tmp:
         build = Path(tmp) / name
         build.mkdir()
-        _build(name, bench, wheel, build)
+        counts = _build(name, bench, wheel, build)
         files = {p.name: wheels.sha256(p) for p in sorted(build.iterdir())}
         (build / MARKER).write_text(json.dumps(
             {"recipe": RECIPE, "benchmark": name, "wheel": f"{bench.wheel}=={wheel_spec.version}",
-             "wheel_sha256": wheel_spec.sha256, "license": wheel_spec.license, "files": files},
-            indent=2) + "\n")
+             "wheel_sha256": wheel_spec.sha256, "license": wheel_spec.license, "files": files,
+             "rows": counts}, indent=2) + "\n")
         for path in build.iterdir():
             path.chmod(0o644)  # container stages read them as another uid
         build.chmod(0o755)
@@ -216,33 +248,43 @@ def fetch(name: str, root: Path | None = None) -> Path:
 
 # --------------------------------------------------------------------------- standard tasks
 
-def fetched(name: str, data_dir: Path) -> dict[str, str]:
-    """A standard task's fetched files and their sha256 (checked); a config error naming the
-    fetch command when they are missing or damaged."""
+def fetched(name: str, data_dir: Path) -> dict:
+    """A standard task's fetched folder, checked: its marker (files: sha256, rows: row counts);
+    a config error naming the fetch command when it is missing or damaged."""
     folder = Path(data_dir) / name
-    files = _intact(folder, spec().wheels[standard_tasks()[name].wheel])
-    if files is None:
+    marker = _intact(folder, spec().wheels[standard_tasks()[name].wheel])
+    if marker is None:
         raise ConfigError(f"the data of the standard task {name} is not fetched (looked in "
                           f"{folder})", field="evaluation.tasks", fix="run `.venv/bin/python "
                           f"scripts/fetch_benchmarks.py {name}` (or set evaluation.benchmarks_dir)")
-    return files
+    return marker
 
 
-def task_yaml(name: str, data_dir: Path) -> str:
-    """lm-eval's own task config for name, with its data from the fetched files (fetched()
-    checks them)."""
+def task_yamls(name: str, data_dir: Path) -> dict[str, str]:
+    """lm-eval's own task config of each lm-eval task name runs as, with its data from the
+    fetched files (fetched() checks them)."""
+    bench = standard_tasks()[name]
+    folder = Path(data_dir) / name
+    out = {}
+    for task, splits in lm_eval_tasks(name).items():
+        own = _own_yaml(name, task)
+        config = {"include": str(own)} if bench.scorer == "lm_eval" else _code_task(own)
+        config.update({
+            "task": task, "dataset_path": "json", "dataset_name": None,
+            "dataset_kwargs": {"data_files": {split: str(folder / file)
+                                              for split, file in splits.items()}},
+            **{split: None for split in bench.unset}})
+        out[task] = yaml.safe_dump(config, sort_keys=False)
+    return out
+
+
+def _own_yaml(name: str, task: str) -> Path:
+    """lm-eval's YAML of one of the lm-eval tasks a standard task runs as."""
     import lm_eval
 
     bench = standard_tasks()[name]
-    folder = Path(data_dir) / name
     own = Path(lm_eval.__file__).parent / "tasks" / bench.lm_eval
-    config = {"include": str(own)} if bench.scorer == "lm_eval" else _code_task(own)
-    config.update({
-        "task": name, "dataset_path": "json", "dataset_name": None,
-        "dataset_kwargs": {"data_files": {file.removesuffix(".jsonl"): str(folder / file)
-                                          for file in bench.files}},
-        **{split: None for split in bench.unset}})
-    return yaml.safe_dump(config, sort_keys=False)
+    return own.with_stem(task) if bench.subjects else own
 
 
 LM_EVAL_GEN_TOKS = 256  # lm-eval's models generate this many when a task does not say
@@ -251,9 +293,7 @@ LM_EVAL_GEN_TOKS = 256  # lm-eval's models generate this many when a task does n
 def generated_tokens(name: str) -> int | None:
     """Tokens a generative standard task may generate per item (its generation_kwargs, else
     lm-eval's default); None for a task that scores given text."""
-    import lm_eval
-
-    own = Path(lm_eval.__file__).parent / "tasks" / standard_tasks()[name].lm_eval
+    own = _own_yaml(name, next(iter(lm_eval_tasks(name))))
     config = yaml.load(own.read_text(), Loader=_Loader)
     if config.get("output_type") != "generate_until":
         return None

@@ -50,7 +50,7 @@ def run(config: Config, inputs: StageInputs) -> Result:
     with tempfile.TemporaryDirectory(prefix="day0-eval-") as tmp:
         run_tasks = tasking.prepare(config, Path(tmp), tokenizer=tokenizer,
                                     long_context_tokens=long_tokens, lm_eval_version=version)
-        _check_generation_fits(run_tasks, max_length)
+        _check_generation_fits(config.tasks, max_length)
         external = any(t.origin == "lm-eval" for t in run_tasks)
         include = [tmp] + ([config.include_path] if config.include_path else [])
         manager = TaskManager(include_path=include, include_defaults=external)
@@ -156,17 +156,18 @@ def _pair_sides(run_tasks, ref_records: dict, tgt_records: dict, listed: int) ->
     return task_rows, items, categories, paired
 
 
-def _check_generation_fits(run_tasks, max_length: int) -> None:
+def _check_generation_fits(names: list[str], max_length: int) -> None:
     """A generative standard task's answer must fit the context (lm-eval asserts it midway)."""
     from day0.stages.evaluation import benchmarks
 
-    for task in run_tasks:
-        tokens = benchmarks.generated_tokens(task.name) if task.origin == "standard" else None
+    for name in names:
+        standard = name in benchmarks.standard_tasks()
+        tokens = benchmarks.generated_tokens(name) if standard else None
         if tokens and tokens >= max_length:
-            raise ConfigError(f"task {task.name} generates up to {tokens} tokens, as many as "
+            raise ConfigError(f"task {name} generates up to {tokens} tokens, as many as "
                               f"this model's context of {max_length} or more",
                               field="evaluation.tasks",
-                              fix=f"drop {task.name} for this model (its answers need a "
+                              fix=f"drop {name} for this model (its answers need a "
                                   f"context over {tokens} tokens)")
 
 

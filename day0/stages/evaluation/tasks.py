@@ -44,10 +44,21 @@ def known_categories() -> set[str]:
     return {category_of(n) for n in names} | {"business"}
 
 
-def _standard_rows(name: str) -> int:
-    """Items of a standard task's evaluated split (test, else validation), as fetched."""
-    files = benchmarks.standard_tasks()[name].files
-    return (files.get("test.jsonl") or files["validation.jsonl"]).rows
+def _standard_rows(name: str, config: Config) -> int:
+    """Items a standard task evaluates (its test split, else validation) under config.limit,
+    which lm-eval applies per task: per subject task of a group, counted as fetched (before the
+    fetch: an upper bound)."""
+    bench = benchmarks.standard_tasks()[name]
+    split = benchmarks.evaluated_split(name)
+    total = next(d.rows for f, d in bench.files.items() if f.endswith(f"{split}.jsonl"))
+    if not bench.subjects:
+        return min(total, config.limit or total)
+    try:
+        rows = benchmarks.fetched(name, benchmarks.data_dir(config.benchmarks_dir))["rows"]
+    except ConfigError:
+        return min(total, len(bench.subjects) * (config.limit or total))
+    per_task = [rows[splits[split]] for splits in benchmarks.lm_eval_tasks(name).values()]
+    return sum(min(n, config.limit or n) for n in per_task)
 
 
 def _digest(*parts: bytes) -> str:
@@ -67,8 +78,8 @@ def planned(config: Config) -> dict[str, int | None]:
     tokenizer or lm-eval: None where only the run knows (lm-eval registry tasks)."""
     sizes: dict[str, int | None] = {}
 
-    def add(category: str, n: int | None) -> None:
-        if config.limit and n is not None:
+    def add(category: str, n: int | None, limited: bool = False) -> None:
+        if config.limit and n is not None and not limited:  # lm-eval's limit is per task
             n = min(n, config.limit)
         before = sizes.get(category, 0)
         sizes[category] = None if n is None or before is None else before + n
@@ -79,7 +90,7 @@ def planned(config: Config) -> dict[str, int | None]:
         elif name in BUNDLED:
             add(category_of(name), _lines(TASKS_DIR / f"{name}.jsonl"))
         elif name in benchmarks.standard_tasks():
-            add(category_of(name), _standard_rows(name))
+            add(category_of(name), _standard_rows(name, config), limited=True)
         else:
             add(category_of(name), None)
     if config.business_file:
@@ -117,12 +128,16 @@ def prepare(config: Config, folder: Path, *, tokenizer, long_context_tokens: int
                               _lines(data)))
         elif name in benchmarks.standard_tasks():
             data_dir = benchmarks.data_dir(config.benchmarks_dir)
-            files = benchmarks.fetched(name, data_dir)  # checked against their sha256
-            (folder / f"{name}.yaml").write_text(benchmarks.task_yaml(name, data_dir))
-            tasks.append(Task(name, category_of(name), "standard", _digest(
-                name.encode(), lm_eval_version.encode(),
-                *(f"{f}:{digest}".encode() for f, digest in sorted(files.items()))),
-                _standard_rows(name)))
+            marker = benchmarks.fetched(name, data_dir)  # checked against their sha256
+            split = benchmarks.evaluated_split(name)
+            for task, text in benchmarks.task_yamls(name, data_dir).items():
+                (folder / f"{task}.yaml").write_text(text)
+                files = benchmarks.lm_eval_tasks(name)[task].values()
+                tasks.append(Task(task, category_of(name), "standard", _digest(
+                    task.encode(), lm_eval_version.encode(),
+                    *(f"{f}:{marker['files'][f]}".encode() for f in sorted(files))),
+                    min(marker["rows"][benchmarks.lm_eval_tasks(name)[task][split]],
+                        config.limit or 10**9)))
         elif config.include_path and _declared_in(name, Path(config.include_path)):
             files = sorted(Path(config.include_path).rglob("*"))
             tasks.append(Task(name, name, "include_path", _digest(

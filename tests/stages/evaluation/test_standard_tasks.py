@@ -23,7 +23,7 @@ from day0.verdict.gates import evaluate, load_gates
 from tests.conftest import ROOT
 
 STANDARD = ("arc_easy", "arc_challenge", "hellaswag", "piqa", "winogrande", "lambada_openai",
-            "gsm8k_cot", "humaneval", "mbpp")
+            "gsm8k_cot", "humaneval", "mbpp", "mmlu")
 
 
 @pytest.fixture(scope="session")
@@ -37,11 +37,19 @@ def benchmarks_dir() -> Path:
 
 
 def test_the_fetched_splits_have_the_official_sizes(benchmarks_dir):
-    for name in STANDARD:
+    for name in (n for n in STANDARD if n != "mmlu"):
         bench = benchmarks.standard_tasks()[name]
         for file, data in bench.files.items():
             lines = (benchmarks_dir / name / file).read_text().splitlines()
             assert len(lines) == data.rows, (name, file)
+    # MMLU: 57 subject tasks, each its test and dev (few-shot) split, the official totals
+    marker = benchmarks.fetched("mmlu", benchmarks_dir)
+    subjects = benchmarks.lm_eval_tasks("mmlu")
+    assert len(subjects) == 57 and subjects["mmlu_anatomy"] == {
+        "test": "anatomy.test.jsonl", "dev": "anatomy.dev.jsonl"}
+    assert sum(marker["rows"][s["test"]] for s in subjects.values()) == 14042
+    assert sum(marker["rows"][s["dev"]] for s in subjects.values()) == 285 == 57 * 5
+
     def first(name):
         return json.loads((benchmarks_dir / name / "test.jsonl").read_text().splitlines()[0])
 
@@ -67,6 +75,24 @@ def test_a_standard_task_runs_lm_evals_own_config_on_the_fetched_files(benchmark
     assert spec["include"].endswith("lm_eval/tasks/hellaswag/hellaswag.yaml")
     assert spec["dataset_path"] == "json" and spec["training_split"] is None
     assert tasks.planned(config)["commonsense"] == 10042
+
+
+def test_mmlu_runs_as_lm_evals_57_subject_tasks_each_on_its_files(benchmarks_dir, tmp_path):
+    config = Config(tasks=["mmlu"], limit=26, benchmarks_dir=str(benchmarks_dir))
+    prepared = tasks.prepare(config, tmp_path, tokenizer=None, long_context_tokens=256,
+                             lm_eval_version="x")
+    assert len(prepared) == 57 and {t.category for t in prepared} == {"knowledge"}
+    assert prepared[1].name == "mmlu_anatomy" and prepared[1].items == 26
+    spec = yaml.safe_load((tmp_path / "mmlu_anatomy.yaml").read_text())
+    assert spec["include"].endswith("lm_eval/tasks/mmlu/default/mmlu_anatomy.yaml")
+    assert spec["dataset_kwargs"]["data_files"] == {
+        "test": str(benchmarks_dir / "mmlu" / "anatomy.test.jsonl"),
+        "dev": str(benchmarks_dir / "mmlu" / "anatomy.dev.jsonl")}
+    assert len({t.digest for t in prepared}) == 57  # each subject's own files
+    # lm-eval's limit is per task: 26 items of each subject (the smallest has 100)
+    assert tasks.planned(config)["knowledge"] == 57 * 26
+    assert tasks.planned(Config(tasks=["mmlu"], benchmarks_dir=str(benchmarks_dir))
+                         )["knowledge"] == 14042
 
 
 def test_code_tasks_keep_lm_evals_prompts_and_score_in_the_sandbox(benchmarks_dir, tmp_path):
@@ -112,16 +138,13 @@ def test_code_items_are_scored_by_running_their_programs(benchmarks_dir):
     assert records["arc_easy"]["items"] == [{"doc_id": 0, "correct": 1.0, "metric": "acc"}]
 
 
-def test_a_generative_task_longer_than_the_models_context_is_a_config_error(benchmarks_dir,
-                                                                            tmp_path):
+def test_a_generative_task_longer_than_the_models_context_is_a_config_error():
     from day0.stages.evaluation.core import _check_generation_fits
 
-    config = Config(tasks=["arc_easy", "mbpp"], benchmarks_dir=str(benchmarks_dir))
-    prepared = tasks.prepare(config, tmp_path, tokenizer=None, long_context_tokens=256,
-                             lm_eval_version="x")
-    _check_generation_fits(prepared, 2048)
+    names = ["arc_easy", "mmlu", "mbpp", "day0_knowledge"]
+    _check_generation_fits(names, 2048)
     with pytest.raises(ConfigError, match="mbpp generates up to 256 tokens") as caught:
-        _check_generation_fits(prepared, 256)  # the fixtures' context
+        _check_generation_fits(names, 256)  # the fixtures' context
     assert "drop mbpp" in caught.value.fix
 
 
@@ -161,7 +184,8 @@ def test_reference_answers_equal_lm_evals_own_cli(smollm2, benchmarks_dir, tmp_p
 
     folder = tmp_path / "tasks"
     folder.mkdir()
-    (folder / "arc_easy.yaml").write_text(benchmarks.task_yaml("arc_easy", benchmarks_dir))
+    (folder / "arc_easy.yaml").write_text(benchmarks.task_yamls("arc_easy",
+                                                                benchmarks_dir)["arc_easy"])
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
     done = subprocess.run(
         [sys.executable, "-m", "lm_eval", "run", "--model", "hf", "--model_args",

@@ -36,7 +36,9 @@ def test_quick_has_the_fewest_items_its_gates_can_judge():
 def test_full_runs_every_item_at_the_models_context():
     config = Config(suite="full")
     assert config.limit is None and config.long_context_max_tokens >= 131072
-    assert tasks.planned(config)["math"] == 1319 and tasks.planned(config)["code"] == 664
+    planned = tasks.planned(config)
+    assert planned["math"] == 1319 and planned["code"] == 664 and planned["knowledge"] == \
+        14042 + 2376 + 1172
 
 
 def test_a_setting_next_to_the_suite_wins_and_an_unknown_suite_is_named():
