@@ -23,6 +23,7 @@ from day0.errors import ConfigError
 from day0.stages.evaluation import benchmarks, sandbox
 
 DATA = "test.jsonl"
+VERSION = "1"  # of how programs are built and judged: part of a code task's digest
 FIELDS = {"humaneval": ("task_id", "prompt", "canonical_solution", "test", "entry_point"),
           "mbpp": ("task_id", "code", "test_list")}
 

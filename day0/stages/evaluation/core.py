@@ -216,13 +216,15 @@ def _target_side(config: Config, inputs: StageInputs, source: str, max_length: i
 
 
 def _target_model(config: Config, inputs: StageInputs, source: str, max_length: int):
-    from day0.stages.evaluation import lmodels
+    from day0.stages.evaluation import benchmarks, lmodels
 
     target = inputs.target
     if target.kind == "engine":
+        # a task that names no max_gen_toks (gsm8k_cot, mbpp) gets lm-eval's default, as the
+        # in-process reference does (business tasks carry config.max_gen_toks in their YAML)
         return lmodels.engine_side(source, inputs.endpoint, target, max_length=max_length,
                                    concurrency=config.concurrency,
-                                   max_gen_toks=config.max_gen_toks)
+                                   max_gen_toks=benchmarks.LM_EVAL_GEN_TOKS)
     return lmodels.torch_side(source, target, batch_size=config.batch_size,
                               max_length=max_length, trust_remote_code=inputs.trust_remote_code,
                               share_from=refstore.shared_from(config),

@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from day0.errors import ConfigError
-from day0.stages.evaluation import benchmarks, business
+from day0.stages.evaluation import benchmarks, business, codeexec
 from day0.stages.evaluation.config import BUNDLED, Config
 
 TASKS_DIR = Path(__file__).parent / "data" / "tasks"
@@ -130,11 +130,13 @@ def prepare(config: Config, folder: Path, *, tokenizer, long_context_tokens: int
             data_dir = benchmarks.data_dir(config.benchmarks_dir)
             marker = benchmarks.fetched(name, data_dir)  # checked against their sha256
             split = benchmarks.evaluated_split(name)
+            scorer = benchmarks.standard_tasks()[name].scorer
+            scoring = [] if scorer == "lm_eval" else [f"{scorer}:{codeexec.VERSION}".encode()]
             for task, text in benchmarks.task_yamls(name, data_dir).items():
                 (folder / f"{task}.yaml").write_text(text)
                 files = benchmarks.lm_eval_tasks(name)[task].values()
                 tasks.append(Task(task, category_of(name), "standard", _digest(
-                    task.encode(), lm_eval_version.encode(),
+                    task.encode(), lm_eval_version.encode(), *scoring,
                     *(f"{f}:{marker['files'][f]}".encode() for f in sorted(files))),
                     min(marker["rows"][benchmarks.lm_eval_tasks(name)[task][split]],
                         config.limit or 10**9)))
