@@ -80,6 +80,8 @@ def case(source: str, name: str, dtype: str, plugins: list[str], store: str,
             "min_p": min((g.observed, g.id) for g in paired),
             "categories": {c.category: [round(c.reference_acc, 3), round(c.target_acc, 3),
                                         c.b, c.c] for c in result.categories},
+            "paired": {g.id: {k: g.test[k] for k in ("p_value", "drop", "mde", "n")}
+                       for g in paired},
             "answers": {t: [(i["target"]["correct"], i["target"]["prediction"]) for i in rows]
                         for t, rows in result.items.items()},
             "reference": result.reference_source, "seconds": round(seconds, 1)}
@@ -141,6 +143,11 @@ def main(argv: list[str] | None = None) -> int:
                           flush=True)
                     print(f"{'':<6}categories (ref acc, target acc, b, c): {row['categories']}",
                           flush=True)
+                    for gate, t in row["paired"].items():  # a drop below the MDE: undetectable
+                        note = "  below the MDE: not detectable at this n" \
+                            if 0 < t["drop"] < t["mde"] else ""
+                        print(f"{'':<6}{gate:<24} p {t['p_value']:<10.3g} drop {t['drop']:+.4f}"
+                              f"  MDE {t['mde']:.3g} (n {t['n']}){note}", flush=True)
     clean = [r for r in rows if r["must_pass"]]
     faults = [r for r in rows if not r["must_pass"]]
     print(f"false alarms: {sum(not r['passed'] for r in clean)}/{len(clean)}; faults caught: "

@@ -92,6 +92,7 @@ def build(source: str, *, target: str | None = None, target_file: str | None = N
     configs = stage_configs(config)
     options = registry.check_options(options)  # a file made absolute; the flow sets them
     settings = registry.apply_options(configs, options)
+    pipeline.check_configs(settings, config)
     pipeline.check_gates(gate_file, settings, waves)
     check_texts(source, settings)
     return ValidateRequest(

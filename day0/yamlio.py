@@ -44,6 +44,8 @@ def problems_from_validation(exc: ValidationError, model: type[BaseModel], file:
             fix = (hint.strip().rstrip("?") if hint else f"remove it; known fields: {', '.join(sorted(known))}")
         elif err["type"] == "missing":
             fix = "add this field"
+        elif err["type"] == "value_error" and err.get("ctx", {}).get("error"):
+            message = str(err["ctx"]["error"])  # the validator's own words, not pydantic's prefix
         elif err["type"] == "literal_error":
             expected = err.get("ctx", {}).get("expected", "")
             hint = did_you_mean(err.get("input"), [s.strip(" '") for s in expected.replace(" or ", ",").split(",")])

@@ -209,6 +209,32 @@ def test_unknown_stage_in_config_exits_2(tmp_path):
     assert proc.returncode == 2 and "did you mean 'alignment'" in proc.stderr
 
 
+def test_bad_stage_settings_exit_2_with_every_problem_before_any_run(tmp_path):
+    """Each stage's settings are checked against its Config when the run is requested: every
+    problem of every stage at once, file, field and fix on one line; nothing runs (no server)."""
+    config = tmp_path / "stages.yaml"
+    config.write_text(yaml.safe_dump({"evaluation": {"limt": 5, "suite": "quik"},
+                                      "alignment": {"max_windos": 3}, "soak": {}}))
+    proc = day0("validate", LLAMA, "--config", config, "--out", tmp_path / "out")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "3 problems" in proc.stderr and str(config) in proc.stderr
+    assert "evaluation.limt: unknown field 'limt' (fix: did you mean 'limit')" in proc.stderr
+    assert "evaluation.suite: unknown suite 'quik': did you mean 'quick'?" in proc.stderr
+    assert "alignment.max_windos: unknown field 'max_windos' (fix: did you mean 'max_windows')" \
+        in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_every_stage_checks_its_settings_with_its_cores_config():
+    """A stage's config_module names where its Config is (checked without its core's imports):
+    the very class its core runs with."""
+    from day0 import stages
+
+    for name in stages.names():
+        stage = stages.get(name)
+        assert stage.config_model() is stage.load().Config, name
+
+
 def test_target_file_with_deployment_exits_2(tmp_path):
     target = tmp_path / "target.yaml"
     target.write_text(yaml.safe_dump({"name": "x", "device": "cpu", "dtype": "bfloat16"}))

@@ -141,6 +141,9 @@ class Stage(ABC):
     # measures time: runs alone after every other stage; never cached
     exclusive: ClassVar[bool] = False
     options: ClassVar[tuple[Option, ...]] = ()
+    # the module of its folder that holds Config, when not its core: settings are checked when
+    # a run is requested, before anything starts, without importing the core's dependencies
+    config_module: ClassVar[str | None] = None
     metrics_name: ClassVar[str] = "metrics.yaml"  # in its folder: the metrics Result produces
     budget_name: ClassVar[str] = "budget.yaml"  # in its folder: day0.execution.budget.StageFactors
 
@@ -175,13 +178,23 @@ class Stage(ABC):
                  and issubclass(config, BaseModel) and config.model_config.get("extra") == "forbid"),
                 ("Result (a day0.execution.contract.StageResult)", isinstance(result, type)
                  and issubclass(result, StageResult)),
-                ("run(config, inputs)", callable(getattr(core, "run", None)))) if not ok]
+                ("run(config, inputs)", callable(getattr(core, "run", None))),
+                (f"the Config of config_module '{self.config_module}'",
+                 self.config_module is None or config is self.config_model())) if not ok]
             if missing:
                 raise InputError(f"stage '{self.name}' core {core.__name__} lacks "
                                  f"{', '.join(missing)}", field="stage",
                                  fix="see day0.execution.contract for what a stage's core provides")
             self._core = core
         return self._core
+
+    def config_model(self) -> type[BaseModel]:
+        """The stage's Config class: from config_module when declared (light), else its core."""
+        if self.config_module is None:
+            return self.load().Config
+        face = inspect.getmodule(type(self))
+        package = face.__name__ if hasattr(face, "__path__") else face.__name__.rpartition(".")[0]
+        return importlib.import_module(f"{package}.{self.config_module}").Config
 
     @property
     def folder(self) -> Path:

@@ -20,14 +20,29 @@ from day0.execution.targets import Target
 
 
 def check_configs(configs: dict, where: str | None = None) -> None:
-    """Every stage_configs key names a registered stage (ConfigError with did-you-mean)."""
+    """Before any stage runs: every stage_configs key names a registered stage, and its settings
+    validate against that stage's Config (unknown fields with did-you-mean). Every problem of
+    every stage at once, as a ConfigError (exit 2)."""
+    from pydantic import ValidationError
+
     from day0.errors import ConfigError, did_you_mean
+    from day0.yamlio import problems_from_validation
 
     known = stages.names()
     for name in configs or {}:
         if name not in known:
             raise ConfigError(f"unknown stage '{name}'", file=where, field=name,
                               fix=did_you_mean(name, known).strip() or f"use one of {known}")
+    problems = []
+    for name, settings in (configs or {}).items():
+        model = stages.get(name).config_model()
+        try:
+            model.model_validate(settings or {})
+        except ValidationError as exc:
+            problems += problems_from_validation(exc, model, where or "stage_configs",
+                                                 prefix=f"{name}.")
+    if problems:
+        raise ConfigError.from_problems(problems)
 
 
 def check_gates(gate_file: GatesFile, configs: dict, waves: list[list[str]]) -> None:

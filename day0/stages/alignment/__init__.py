@@ -32,6 +32,7 @@ from day0.stages.alignment import plots, report
 
 
 class Alignment(Stage):
+    config_module = "config"
     after = ("analysis",)
     options = (Option("text", setting="text_file", kind="file", metavar="FILE",
                       help="evaluation text for alignment (default: built-in)"),)

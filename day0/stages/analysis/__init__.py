@@ -30,6 +30,7 @@ from day0.execution.contract import Stage, import_core
 
 
 class Analysis(Stage):
+    config_module = "core"
     target_kinds = ("torch", "engine")  # config and headers only: any target
 
     def core(self):

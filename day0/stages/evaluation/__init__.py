@@ -23,6 +23,7 @@ from day0.stages.evaluation import preflight, report
 
 
 class Evaluation(Stage):
+    config_module = "config"
     after = ("analysis",)
     target_kinds = ("torch", "engine")
     uses_endpoint = True

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from day0.stages.evaluation.sandbox.contract import Limits
 
@@ -111,14 +111,19 @@ class Config(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _expand_suite(cls, data: Any) -> Any:
-        """A suite's tasks and settings under the ones given next to it."""
-        if not isinstance(data, dict) or data.get("suite") is None:
+        """A known suite's tasks and settings under the ones given next to it (an unknown one is
+        left to _known_suite, so that every other problem is reported with it)."""
+        if not isinstance(data, dict) or data.get("suite") not in suites():
             return data
-        from day0.errors import did_you_mean
+        known = suites()[data["suite"]]
+        return {"tasks": known["tasks"], **known.get("settings", {}), **data}
 
-        known = suites()
-        name = data["suite"]
-        if name not in known:
-            raise ValueError(f"unknown suite {name!r}:{did_you_mean(str(name), sorted(known))} "
-                             f"(one of {', '.join(known)})")
-        return {"tasks": known[name]["tasks"], **known[name].get("settings", {}), **data}
+    @field_validator("suite")
+    @classmethod
+    def _known_suite(cls, name: str | None) -> str | None:
+        if name is not None and name not in suites():
+            from day0.errors import did_you_mean
+
+            raise ValueError(f"unknown suite {name!r}:{did_you_mean(name, sorted(suites()))} "
+                             f"(one of {', '.join(suites())})")
+        return name

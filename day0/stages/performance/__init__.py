@@ -25,6 +25,7 @@ from day0.stages.performance import report
 
 
 class Performance(Stage):
+    config_module = "result"
     after = ("analysis",)
     target_kinds = ("engine", "torch")
     uses_endpoint = True

@@ -30,6 +30,7 @@ from day0.execution.contract import Stage, import_core
 
 
 class Scan(Stage):
+    config_module = "core"
     after = ("analysis",)
 
     def core(self):

@@ -28,6 +28,7 @@ from day0.stages.serving import report
 
 
 class Serving(Stage):
+    config_module = "core"
     after = ("analysis",)
     target_kinds = ("engine",)
     uses_endpoint = True

@@ -40,6 +40,7 @@ from day0.stages.smoke import report
 
 
 class Smoke(Stage):
+    config_module = "result"
     after = ("analysis",)
     target_kinds = ("engine",)
     uses_endpoint = True

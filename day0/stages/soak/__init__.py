@@ -25,6 +25,7 @@ from day0.stages.soak import report
 
 
 class Soak(Stage):
+    config_module = "result"
     after = ("analysis",)
     target_kinds = ("engine",)
     uses_endpoint = True
