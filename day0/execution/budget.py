@@ -44,6 +44,11 @@ class StageFactors(BaseModel):
     fixed_s: float = Field(gt=0, description="Time allowance independent of the model, seconds.")
     seconds_per_billion_params: float = Field(0.0, ge=0, description=(
         "Time per billion parameters on top of fixed_s."))
+    seconds_per_billion_params_per_item: float = Field(0.0, ge=0, description=(
+        "Time per billion parameters for each item its config adds (Stage.work: e.g. "
+        "benchmark questions), both sides together."))
+    seconds_per_billion_params_per_generated_token: float = Field(0.0, ge=0, description=(
+        "Time per billion parameters for each token its config has it generate (Stage.work)."))
     context_cap_tokens: int = Field(0, ge=0, description=(
         "Most positions the stage evaluates at once (the model's context, capped here; the "
         "stage config's seq_len / seq_len_cap win); 0: memory does not grow with the context."))
@@ -188,17 +193,16 @@ def _positive(value) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
-def duration_of(stage_config: dict | None) -> float:
-    """Seconds a stage is configured to run for (the soak's `duration`), else 0."""
-    value = (stage_config or {}).get("duration")
-    if value is None:
-        return 0.0
-    from day0.durations import seconds
+def work_of(stage: str, stage_config: dict | None):
+    """What the stage's config asks beyond its default work (Stage.work); none for a stage the
+    registry does not know or a config it cannot read."""
+    from day0 import stages
+    from day0.execution.contract import Work
 
     try:
-        return max(0.0, seconds(value))
-    except ValueError:
-        return 0.0  # the stage's own Config reports it
+        return stages.get(stage).work(stage_config or {})
+    except Exception:  # the config check reports a bad config; an unknown stage is refused there
+        return Work()
 
 
 def params_of(facts: dict) -> int | None:
@@ -242,10 +246,18 @@ def derive(stage: str, target: Target, params: int | None, *, reference: Target 
     if timeout_s:
         timeout, timeout_basis = float(timeout_s), timeout_from
     else:
-        run_for = duration_of(stage_config)
-        timeout = round(f.fixed_s + f.seconds_per_billion_params * (params or 0) / 1e9
-                        + run_for, 1)
-        timeout_basis = size + (f" plus its configured duration ({run_for:g} s)" if run_for else "")
+        work = work_of(stage, stage_config)
+        billions = (params or 0) / 1e9
+        run_for = work.seconds + billions * (
+            f.seconds_per_billion_params_per_item * work.items
+            + f.seconds_per_billion_params_per_generated_token * work.generated_tokens)
+        timeout = round(f.fixed_s + f.seconds_per_billion_params * billions + run_for, 1)
+        asked = ", ".join(part for part in (
+            f"{work.seconds:g} s configured" if work.seconds else "",
+            f"{work.items} items" if work.items else "",
+            f"{work.generated_tokens} generated tokens" if work.generated_tokens else "") if part)
+        timeout_basis = size + (f" plus {run_for:.0f} s for its configured work ({asked})"
+                                if run_for else "")
     return StageBudget(memory_gib=memory, timeout_s=timeout,
                        memory_explicit=bool(memory_limit_gib), timeout_explicit=bool(timeout_s),
                        params=params, memory_basis=memory_basis, timeout_basis=timeout_basis)

@@ -126,6 +126,17 @@ def import_core(face: str) -> ModuleType:
     return importlib.import_module(f"{face}.core")
 
 
+class Work(BaseModel):
+    """What a stage's configuration asks of it beyond the allowance of its budget.yaml (which
+    sizes its default work by the model): added to its time budget (day0.execution.budget)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seconds: float = Field(0.0, ge=0, description="Wall time it is configured to run for.")
+    items: int = Field(0, ge=0, description="Items it scores (e.g. benchmark questions).")
+    generated_tokens: int = Field(0, ge=0, description="Tokens it generates, over all items.")
+
+
 class Stage(ABC):
     """A registered stage (day0.stages): subclass it in the stage folder's ``__init__.py``.
 
@@ -268,6 +279,12 @@ class Stage(ABC):
         """Work every run of this stage repeats in its process (lm-eval's templates, a lazily
         imported module): the warm stage host calls it once, after loading the core, before it
         forks the stages."""
+
+    def work(self, config: dict) -> Work:
+        """What its config asks beyond its default work (a soak's duration, an evaluation's
+        benchmark items), for its time budget; called before it runs, without its core. A config
+        it cannot read is no extra work (the config check reports it)."""
+        return Work()
 
     def check_gates(self, config: dict, gates: list) -> list:
         """Before any stage runs: what is wrong with the gates on its metrics given its config

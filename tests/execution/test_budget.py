@@ -210,3 +210,30 @@ def test_stage_config_context_settings_move_the_budget():
     smaller_chunks = budget.derive("alignment", cpu_bf16(), SMOLLM2, shape=shape,
                                    stage_config={"chunk_tokens": 256})
     assert longer.memory_gib > default.memory_gib > smaller_chunks.memory_gib
+
+
+def test_configured_work_moves_the_time_budget():
+    """Stage.work: a config that asks more than the default work gets the time for it (its
+    budget.yaml's factors per item and per generated token, per billion parameters)."""
+    from day0.stages.evaluation.config import Config
+
+    default = budget.derive("evaluation", cpu_bf16(), SMOLLM2)
+    factors = budget.stage_factors("evaluation")
+    multiple_choice = budget.derive("evaluation", cpu_bf16(), SMOLLM2, stage_config={
+        "tasks": ["arc_easy", "piqa", "hellaswag"], "limit": 500})
+    per_item = factors.seconds_per_billion_params_per_item * SMOLLM2 / 1e9
+    assert multiple_choice.timeout_s == pytest.approx(default.timeout_s + 1500 * per_item, abs=0.1)
+    assert "1500 items" in multiple_choice.timeout_basis
+    quick = get("evaluation").work(Config(suite="quick").model_dump())
+    # 8 standard tasks of 26 items; gsm8k_cot and mbpp generate up to 256 tokens, humaneval 1024
+    assert (quick.items, quick.generated_tokens) == (8 * 26, 26 * (256 + 1024 + 256))
+    full = budget.derive("evaluation", cpu_bf16(), SMOLLM2, stage_config={"suite": "full"})
+    assert full.timeout_s > 10 * default.timeout_s  # hours of benchmarks on a CPU
+    # the soak runs for its duration by design, its default (2 minutes) included
+    soak = budget.stage_factors("soak")
+    assert budget.derive("soak", cpu_bf16(), None).timeout_s == soak.fixed_s + 120
+    assert budget.derive("soak", cpu_bf16(), None, stage_config={"duration": "10h"}
+                         ).timeout_s == soak.fixed_s + 36000
+    # a config the stage cannot read adds nothing here (the config check refuses it earlier)
+    assert budget.derive("evaluation", cpu_bf16(), SMOLLM2, stage_config={"limt": 5}
+                         ).timeout_s == default.timeout_s

@@ -37,6 +37,7 @@ class Evaluation(Stage):
         warm()
 
     check_gates = staticmethod(preflight.check_gates)
+    work = staticmethod(preflight.work)
     evidence = staticmethod(report.evidence)
     files = staticmethod(report.files)
     findings = staticmethod(report.findings)

@@ -37,3 +37,21 @@ def check_gates(config: dict, gates: list) -> list[Problem]:
                 field=f"gate {gate.id}.paired.allowed_drop",
                 fix=f"allow a drop of at least {mde:.3g}, or give the category {need} items"))
     return problems
+
+
+def work(config: dict):
+    """The standard tasks' items and the tokens their generative ones may generate (the bundled
+    tasks are the default work its budget.yaml sizes): added to its time budget."""
+    from day0.execution.contract import Work
+    from day0.stages.evaluation import benchmarks
+    from day0.stages.evaluation.config import Config
+    from day0.stages.evaluation.tasks import standard_items
+
+    parsed = Config.model_validate(config)
+    items = tokens = 0
+    for name in parsed.tasks:
+        if name in benchmarks.standard_tasks():
+            n = standard_items(name, parsed)
+            items += n
+            tokens += n * (benchmarks.generated_tokens(name) or 0)
+    return Work(items=items, generated_tokens=tokens)

@@ -44,7 +44,7 @@ def known_categories() -> set[str]:
     return {category_of(n) for n in names} | {"business"}
 
 
-def _standard_rows(name: str, config: Config) -> int:
+def standard_items(name: str, config: Config) -> int:
     """Items a standard task evaluates (its test split, else validation) under config.limit,
     which lm-eval applies per task: per subject task of a group, counted as fetched (before the
     fetch: an upper bound)."""
@@ -90,7 +90,7 @@ def planned(config: Config) -> dict[str, int | None]:
         elif name in BUNDLED:
             add(category_of(name), _lines(TASKS_DIR / f"{name}.jsonl"))
         elif name in benchmarks.standard_tasks():
-            add(category_of(name), _standard_rows(name, config), limited=True)
+            add(category_of(name), standard_items(name, config), limited=True)
         else:
             add(category_of(name), None)
     if config.business_file:

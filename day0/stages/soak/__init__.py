@@ -19,7 +19,7 @@ machine), the checkpoint's tokenizer, the engine venv (the load generator). Runs
 
 from __future__ import annotations
 
-from day0.execution.contract import Option, Stage, import_core
+from day0.execution.contract import Option, Stage, Work, import_core
 from day0.durations import positive_seconds
 from day0.stages.soak import report
 
@@ -36,6 +36,12 @@ class Soak(Stage):
 
     def core(self):
         return import_core(__name__)
+
+    def work(self, config: dict) -> Work:
+        """Its configured duration (default 2m): the soak runs that long by design."""
+        from day0.stages.soak.result import Config
+
+        return Work(seconds=Config.model_validate(config).duration_s)
 
     findings = staticmethod(report.findings)
     markdown = staticmethod(report.markdown)
