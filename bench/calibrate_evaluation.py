@@ -144,8 +144,9 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{'':<6}categories (ref acc, target acc, b, c): {row['categories']}",
                           flush=True)
                     for gate, t in row["paired"].items():  # a drop below the MDE: undetectable
+                        missed = not must_pass and gate not in row["failed"]
                         note = "  below the MDE: not detectable at this n" \
-                            if 0 < t["drop"] < t["mde"] else ""
+                            if missed and t["drop"] < t["mde"] else ""
                         print(f"{'':<6}{gate:<24} p {t['p_value']:<10.3g} drop {t['drop']:+.4f}"
                               f"  MDE {t['mde']:.3g} (n {t['n']}){note}", flush=True)
     clean = [r for r in rows if r["must_pass"]]
