@@ -89,7 +89,12 @@ def test_noop_plugin_passes_and_publishes_artifacts(noop_validation, model):
     # capabilities: every evaluation gate evaluated and passed, per-category scores reported,
     # both sides' per-item outputs next to report.json
     evaluation = [g for g in on_disk["gates"] if g["metric"].startswith("evaluation.")]
-    assert len(evaluation) == 8 and all(g["passed"] and g["applicable"] for g in evaluation)
+    judged = [g for g in evaluation if g["applicable"]]
+    assert len(judged) == 8 and all(g["passed"] for g in judged), judged
+    # no bundled task is commonsense (the standard hellaswag, piqa, winogrande are): said so
+    skipped = [g for g in evaluation if not g["applicable"]]
+    assert [g["id"] for g in skipped] == ["eval-commonsense"]
+    assert "no task of category 'commonsense'" in skipped[0]["reason"]
     categories = {c["category"] for c in on_disk["evidence"]["evaluation"]["categories"]}
     assert categories == {"knowledge", "code", "math", "long_context", "agent", "all"}
     rows = (tmp_path / "out" / "evaluation" / "day0_knowledge.jsonl").read_text().splitlines()
