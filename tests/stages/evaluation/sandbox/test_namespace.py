@@ -16,6 +16,7 @@ def test_humaneval_canonical_solutions_pass_and_wrong_ones_fail():
     assert_canonical_passes_and_wrong_fails("process")
 
 
+@pytest.mark.slow  # 1,000 sandboxed programs: make test, not the inner loop's make test-fast
 def test_mbpp_canonical_solutions_pass_and_wrong_ones_fail():
     assert_canonical_passes_and_wrong_fails("process", "mbpp", 500)
 
