@@ -137,6 +137,7 @@ def test_a_broken_bank_is_recomputed_and_a_changed_text_is_a_new_key(tmp_path, c
 
 
 
+@pytest.mark.integration  # `day0 reference` then a validation, each its own process
 def test_a_bank_on_the_object_store_survives_a_restart(s3_server, monkeypatch, tmp_path):
     """Built by `day0 reference` in one process, replayed by a validation in a fresh one (its
     own empty cache): the bank lives on the store, read by ranged GETs, replayed because both
