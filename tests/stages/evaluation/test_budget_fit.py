@@ -1,5 +1,5 @@
 """The evaluation stage sizes its forwards to its memory budget instead of being killed: a
-budget just above what one row needs, well below what its batch of 128 rows takes, is an OOM
+budget just above what one row needs, well below what its batch of 64 rows takes, is an OOM
 kill with the batch in one forward and a finished stage, with the same answers, when it fits its
 rows to the budget (day0.stages.evaluation.fit). Real runner, real limits (run_stage)."""
 
@@ -13,8 +13,8 @@ from day0.execution.targets import resolve_target
 
 pytestmark = [pytest.mark.slow]
 
-ITEMS = 32  # long-context items of up to 504 tokens, 4 choices each: one batch of 128 rows
-ABOVE_ONE_ROW_GIB = 0.3  # the budget's room above one row's need (the batch needs 2.4 GiB more)
+ITEMS = 16  # long-context items of up to 504 tokens, 4 choices each: one batch of 64 rows
+ABOVE_ONE_ROW_GIB = 0.3  # the budget's room above one row's need (the batch needs 1.2 GiB more)
 
 
 def evaluate(model, *, batch_size: int, fit: bool, memory_gib: float):
