@@ -57,9 +57,6 @@ WAITING = (
     # the engines 1,423 s and the engine tests 771 s more)
     "tests/test_flow.py",                     # whole validations on real Prefect (154 s)
     "tests/stages/evaluation/test_budget_fit.py",  # three evaluations under limits (95 s)
-    # its own Prefect server and browser (55 s). In the other session it ran between the engine
-    # package's tests and their timing tests, and the package's vLLM stopped and started again
-    "tests/test_ui.py",
 )
 MARKER = "waits"
 NEVER = ("engine", "timing")  # see the docstring
