@@ -63,8 +63,8 @@ def run_lm_eval(source: Path, tasks: dict[str, str], limit: int, batch_size: int
 
 
 def pooled(rows: list[dict], key: str) -> tuple[float, int]:
-    """The item-weighted mean of a metric over tasks (mmlu's subjects, ARC's two sets: the card
-    averages ARC's two sets, so those are averaged unweighted by the caller)."""
+    """The item-weighted mean of a metric over the lm-eval tasks one task runs as (mmlu's 57
+    subjects; one row for the others), and the items."""
     n = sum(r["n"] for r in rows)
     return sum(float(r[key]) * r["n"] for r in rows) / n, n
 
@@ -100,16 +100,15 @@ def main() -> int:
     measured: dict[str, dict] = {}
     seconds: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="day0-published-") as tmp:
-        by_limit: dict[int, dict[str, str]] = {}
+        by_limit: dict[int, list[str]] = {}
         for name in names:
-            by_limit.setdefault(limits.get(name, args.limit), {}).update(
-                benchmarks.task_yamls(name, data_dir))
-        for limit, tasks in sorted(by_limit.items()):
+            by_limit.setdefault(limits.get(name, args.limit), []).append(name)
+        for limit, group in sorted(by_limit.items()):
+            tasks = {k: v for name in group for k, v in benchmarks.task_yamls(name, data_dir).items()}
             started = time.perf_counter()
             measured.update(run_lm_eval(source, tasks, limit, args.batch_size,
                                         Path(tmp) / f"limit-{limit}"))
-            seconds[",".join(sorted({n for n in names if limits.get(n, args.limit) == limit}))] \
-                = time.perf_counter() - started
+            seconds[",".join(group)] = time.perf_counter() - started
 
     table = []
     for row in card["rows"]:
