@@ -53,8 +53,8 @@ WAITING = (
     "tests/test_workpools.py",                # a Docker worker's containers (0.73)
     "tests/stages/evaluation/sandbox/test_container.py",  # programs in a container
     # CPU-bound, here so that both sessions end together: the other session runs the engine
-    # tests after its own (measured on 2 cores: this lane 1,497 s, the other's tests before
-    # the engines 1,423 s and the engine tests 771 s more)
+    # tests after its own (measured on 2 cores, 2026-12-07: this lane 1,800 s, the other's tests
+    # up to its timing modules 1,831 s, then those 336 s alone)
     "tests/test_flow.py",                     # whole validations on real Prefect (154 s)
     "tests/stages/evaluation/test_budget_fit.py",  # three evaluations under limits (107 s)
 )

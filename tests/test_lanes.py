@@ -23,16 +23,19 @@ def test_every_waiting_module_exists():
     assert all((ROOT / prefix).exists() for prefix in WAITING), WAITING
 
 
-@pytest.mark.slow  # two collections of the whole suite (~8 s each on 2 cores): not in test-fast
+@pytest.mark.slow  # a collection of the whole suite (~8 s on 2 cores): not in test-fast
 def test_the_lane_holds_every_docker_test_and_collects():
     """`-m waits` and `-m "not waits"` split the suite by construction; what can go wrong is a
-    Docker module left in the other session, or an engine or timing test put in the lane (a
-    usage error at collection, so the lane's session would fail)."""
-    code, lane = collected("-m", "waits")
-    assert code == 0 and lane
-    assert all(nodeid.startswith(WAITING) for nodeid in lane)
-    code, docker_outside = collected("-m", "docker and not waits")
-    assert code == 5 and not docker_outside
+    Docker module left in the other session, a module marked `waits` by hand outside the lane's
+    list, or an engine or timing test put in the lane (a usage error at collection, so the lane's
+    session would fail). One collection answers all three: everything marked waits or docker is
+    in the lane's modules."""
+    code, lane_or_docker = collected("-m", "waits or docker")
+    assert code == 0 and lane_or_docker
+    outside = {nodeid for nodeid in lane_or_docker if not nodeid.startswith(WAITING)}
+    assert not outside, sorted(outside)[:10]
+    docker_modules = {nodeid.split("::")[0] for nodeid in lane_or_docker}
+    assert "tests/test_compose.py" in docker_modules  # the collection did see the Docker tests
 
 
 WHILE_THE_LANE_RUNS = """
