@@ -55,8 +55,8 @@ WAITING = (
     # CPU-bound, here so that both sessions end together: the other session runs the engine
     # tests after its own (measured on 2 cores, 2026-12-07: this lane 1,800 s, the other's tests
     # up to its timing modules 1,831 s, then those 336 s alone)
-    "tests/test_flow.py",                     # whole validations on real Prefect (154 s)
-    "tests/stages/evaluation/test_budget_fit.py",  # three evaluations under limits (107 s)
+    "tests/test_flow.py",                     # whole validations on real Prefect (163 s)
+    "tests/stages/evaluation/test_budget_fit.py",  # three evaluations under limits (96 s)
 )
 MARKER = "waits"
 NEVER = ("engine", "timing")  # see the docstring

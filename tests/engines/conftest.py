@@ -29,8 +29,9 @@ def engine_core_runs_its_worker():
     """Every vLLM these tests launch (the built-in target's included: its env adds to ours) runs
     its model worker inside the engine-core process instead of a third spawned process that
     imports vLLM and torch again: measured alone on the 2-core machine, tiny-llama ready in 19.6
-    s instead of 28.4, 19 CPU-seconds instead of 30, and the suite launches about 17 engines. The
-    kernels, the API and day0's side are the same; a user's engine keeps vLLM's default."""
+    s instead of 28.4, 19 CPU-seconds instead of 30, per launch (one per fixture, fault copy and
+    serving variant). The kernels, the API and day0's side are the same; a user's engine keeps
+    vLLM's default."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         yield
